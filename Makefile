@@ -1,0 +1,50 @@
+# Tools that build pgonce itself are pinned here and installed with
+# `go install`; they never enter the library's go.mod.
+SQLC_VERSION          := v1.31.1
+GOLANGCI_LINT_VERSION := v2.15.0
+
+GOBIN ?= $(shell go env GOPATH)/bin
+SQLC          := $(GOBIN)/sqlc
+GOLANGCI_LINT := $(GOBIN)/golangci-lint
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@grep -E '^[a-zA-Z/_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: tools
+tools: ## Install the pinned sqlc and golangci-lint
+	@$(SQLC) version 2>/dev/null | grep -qx '$(SQLC_VERSION)' || go install github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
+	@$(GOLANGCI_LINT) version 2>/dev/null | grep -q '$(patsubst v%,%,$(GOLANGCI_LINT_VERSION))' || go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+.PHONY: generate
+generate: tools ## Regenerate the sqlc code in internal/dbpgx and internal/dbstd
+	$(SQLC) generate
+
+.PHONY: verify
+verify: tools ## Fail when generated code is stale, code is unformatted or vet complains
+	$(SQLC) diff
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }
+	go vet ./...
+	go mod verify
+
+.PHONY: lint
+lint: tools ## Run golangci-lint
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: test
+test: ## Run the tests against PostgreSQL (see README: PGONCE_TEST_DATABASE_URL)
+	go test -race -count=1 ./...
+
+.PHONY: test/short
+test/short: ## Run the tests without the race detector
+	go test -count=1 ./...
+
+.PHONY: bench
+bench: ## Run the benchmarks, 6 counts each, for benchstat
+	go test -run='^$$' -bench=. -benchmem -count=6 ./... | tee bench.txt
+
+.PHONY: tidy
+tidy: ## go mod tidy
+	go mod tidy

@@ -1,0 +1,210 @@
+// Package pgoncetest is pgonce's test harness: a real PostgreSQL for every
+// test, and a freshly migrated schema per test so that tests run in parallel.
+//
+// The database is found in this order: PGONCE_TEST_DATABASE_URL; else the
+// local default URL; else, when a Docker engine answers, one testcontainers-go
+// PostgreSQL per test binary, started on first use. With none of these a test
+// fails at once and says how to provide a database; it never skips.
+package pgoncetest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/wait"
+	"go.uber.org/goleak"
+
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/migrations"
+)
+
+// DatabaseURLEnv names the variable that points the tests at a database.
+const DatabaseURLEnv = "PGONCE_TEST_DATABASE_URL"
+
+// DatabaseURLDefault is the database the tests use when DatabaseURLEnv is
+// unset.
+const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+var shared struct {
+	once      sync.Once
+	url       string
+	err       error
+	pool      *pgxpool.Pool
+	db        *sql.DB
+	container testcontainers.Container
+}
+
+// DatabaseURL returns the URL of the test database, starting a container if
+// the configured server cannot be reached and Docker can. It fails tb when no
+// database can be had.
+func DatabaseURL(tb testing.TB) string {
+	tb.Helper()
+	setup()
+	if shared.err != nil {
+		tb.Fatal(shared.err)
+	}
+	return shared.url
+}
+
+// Pool returns the pgx pool shared by the tests of this binary. Its
+// connections have an empty search_path, so a statement that forgets to
+// name its schema fails instead of finding another test's tables.
+func Pool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	DatabaseURL(tb)
+	return shared.pool
+}
+
+// DB returns a *sql.DB over [Pool], for the database/sql paths.
+func DB(tb testing.TB) *sql.DB {
+	tb.Helper()
+	DatabaseURL(tb)
+	return shared.db
+}
+
+// Schema creates a schema unique to tb, migrates it, and drops it with all
+// its rows when tb ends.
+func Schema(tb testing.TB) string {
+	tb.Helper()
+	db := DB(tb)
+	schema := NewSchemaName(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := migrations.Up(ctx, db, schema); err != nil {
+		tb.Fatalf("migrate test schema %s: %v", schema, err)
+	}
+	tb.Cleanup(func() {
+		DropSchema(tb, schema)
+	})
+	return schema
+}
+
+// NewSchemaName returns a fresh schema name that no other test uses. The
+// schema is not created.
+func NewSchemaName(tb testing.TB) string {
+	tb.Helper()
+	var suffix [6]byte
+	_, _ = rand.Read(suffix[:])
+	return "pgonce_test_" + hex.EncodeToString(suffix[:])
+}
+
+// DropSchema drops schema and everything in it.
+func DropSchema(tb testing.TB, schema string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := shared.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident.Quote(schema)+" CASCADE"); err != nil {
+		tb.Errorf("drop test schema %s: %v", schema, err)
+	}
+}
+
+// Main runs the tests of a package that uses the harness, releases the
+// shared database and container, and then checks that no goroutine leaked.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.db != nil {
+		_ = shared.db.Close()
+	}
+	if shared.pool != nil {
+		shared.pool.Close()
+	}
+	if shared.container != nil {
+		_ = shared.container.Terminate(context.Background())
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines leaked after a passing run:\n%v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func setup() {
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		url := os.Getenv(DatabaseURLEnv)
+		if url == "" {
+			url = DatabaseURLDefault
+		}
+		pool, localErr := connect(ctx, url)
+		if localErr != nil {
+			var containerErr error
+			url, containerErr = startContainer(ctx)
+			if containerErr != nil {
+				shared.err = fmt.Errorf("no PostgreSQL for the tests.\n"+
+					"  %s: %v\n  testcontainers: %v\n"+
+					"Start a local server (e.g. `pg_ctlcluster 15 main start`), set %s to a database "+
+					"the tests may create schemas in, or start a Docker engine", url, localErr, containerErr, DatabaseURLEnv)
+				return
+			}
+			if pool, shared.err = connect(ctx, url); shared.err != nil {
+				return
+			}
+		}
+		shared.url, shared.pool, shared.db = url, pool, stdlib.OpenDBFromPool(pool)
+	})
+}
+
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	config, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	config.ConnConfig.RuntimeParams["search_path"] = ""
+	config.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, config)
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+func startContainer(ctx context.Context) (url string, err error) {
+	defer func() {
+		// Older Docker client paths panic when no engine is found.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	container, err := testcontainers.Run(ctx, "postgres:16-alpine",
+		testcontainers.WithExposedPorts("5432/tcp"),
+		testcontainers.WithEnv(map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust"}),
+		testcontainers.WithWaitStrategy(
+			wait.ForLog("database system is ready to accept connections").WithOccurrence(2)),
+	)
+	if err != nil {
+		if container != nil {
+			_ = container.Terminate(context.WithoutCancel(ctx))
+		}
+		return "", err
+	}
+	endpoint, err := container.PortEndpoint(ctx, "5432/tcp", "")
+	if err != nil {
+		_ = container.Terminate(context.WithoutCancel(ctx))
+		return "", err
+	}
+	if endpoint == "" {
+		return "", errors.New("container has no endpoint")
+	}
+	shared.container = container
+	return "postgres://postgres@" + endpoint + "/postgres?sslmode=disable", nil
+}

@@ -1,0 +1,123 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/dbstd"
+)
+
+// ErrNotPgxStdlib is returned for a *sql.DB whose driver is not pgx's stdlib
+// driver: pgonce needs the pgx connection under database/sql for batches and
+// notifications.
+var ErrNotPgxStdlib = errors.New("database/sql handle must use the pgx stdlib driver (github.com/jackc/pgx/v5/stdlib)")
+
+// StdDriver serves clients of *sql.Tx over a *sql.DB opened with the pgx
+// stdlib driver.
+type StdDriver struct {
+	db    *sql.DB
+	store *Store
+}
+
+// NewStdDriver returns a driver over db for schema.
+func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
+	if _, ok := db.Driver().(*stdlib.Driver); !ok {
+		return nil, ErrNotPgxStdlib
+	}
+	withConn := func(ctx context.Context, f func(*pgx.Conn) error) error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = conn.Close() }()
+		return conn.Raw(func(driverConn any) error {
+			return f(driverConn.(*stdlib.Conn).Conn()) //nolint:forcetypeassert // checked in NewStdDriver
+		})
+	}
+	store, err := newStore(schema,
+		func(ctx context.Context, f func(dbpgx.DBTX) error) error {
+			return withConn(ctx, func(conn *pgx.Conn) error { return f(conn) })
+		},
+		withConn,
+		func(rw *rewriter) Executor { return newStdExecutor(db, rw) },
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &StdDriver{db: db, store: store}, nil
+}
+
+// Begin starts a transaction on the database.
+func (d *StdDriver) Begin(ctx context.Context) (*sql.Tx, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	return tx, InterpretError(err)
+}
+
+// Commit commits tx.
+func (d *StdDriver) Commit(_ context.Context, tx *sql.Tx) error { return InterpretError(tx.Commit()) }
+
+// Rollback rolls tx back.
+func (d *StdDriver) Rollback(_ context.Context, tx *sql.Tx) error {
+	return InterpretError(tx.Rollback())
+}
+
+// UnwrapExecutor returns an executor that runs in tx.
+func (d *StdDriver) UnwrapExecutor(tx *sql.Tx) Executor { return newStdExecutor(tx, d.store.rewriter) }
+
+// Store returns the transaction-free operations.
+func (d *StdDriver) Store() *Store { return d.store }
+
+type stdRewriting struct {
+	db dbstd.DBTX
+	rw *rewriter
+}
+
+func (s stdRewriting) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return s.db.ExecContext(ctx, s.rw.rewrite(query), args...)
+}
+
+func (s stdRewriting) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return s.db.PrepareContext(ctx, s.rw.rewrite(query))
+}
+
+func (s stdRewriting) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return s.db.QueryContext(ctx, s.rw.rewrite(query), args...)
+}
+
+func (s stdRewriting) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return s.db.QueryRowContext(ctx, s.rw.rewrite(query), args...)
+}
+
+type stdExecutor struct {
+	db dbstd.DBTX
+	q  *dbstd.Queries
+}
+
+func newStdExecutor(db dbstd.DBTX, rw *rewriter) *stdExecutor {
+	return &stdExecutor{db: stdRewriting{db: db, rw: rw}, q: dbstd.New()}
+}
+
+func (e *stdExecutor) KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error) {
+	row, err := e.q.KeyInsert(ctx, e.db, (*dbstd.KeyInsertParams)(params))
+	return (*dbpgx.KeyInsertRow)(row), InterpretError(err)
+}
+
+func (e *stdExecutor) KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error) {
+	row, err := e.q.KeyGet(ctx, e.db, (*dbstd.KeyGetParams)(params))
+	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
+}
+
+func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error) {
+	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, (*dbstd.KeyGetByKeyOrScopeParams)(params))
+	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
+}
+
+func (e *stdExecutor) TombstoneGet(ctx context.Context, params *dbpgx.TombstoneGetParams) (*dbpgx.TombstoneGetRow, error) {
+	row, err := e.q.TombstoneGet(ctx, e.db, (*dbstd.TombstoneGetParams)(params))
+	return (*dbpgx.TombstoneGetRow)(row), InterpretError(err)
+}

@@ -1,0 +1,198 @@
+// Package store is the one seam between pgonce and its two drivers, native
+// pgx and database/sql over the pgx stdlib driver.
+//
+// API is not stable. DO NOT USE.
+//
+// sqlc generates the same statements twice: internal/dbpgx for pgx and
+// internal/dbstd for database/sql. Both emit identical Go types, so the
+// database/sql side converts its params and rows with plain conversions. Only
+// the statements that run inside a caller's transaction exist in both; the
+// batch statements of the dispatcher and reconciler run through dbpgx on the
+// pgx connection that sits under either driver.
+//
+// The generated statements name pgonce's tables without a schema. Every
+// statement passes through a schema rewriter on its way to the database, so
+// that a caller's search_path is never read nor changed.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/ident"
+)
+
+// ErrNoRows is returned when a statement that reads one row finds none. It is
+// sql.ErrNoRows, which pgx.ErrNoRows also matches.
+var ErrNoRows = sql.ErrNoRows
+
+// ErrSerialization is returned when PostgreSQL aborted the transaction with a
+// serialization failure or a deadlock (SQLSTATE 40001, 40P01). The whole
+// transaction may be retried.
+var ErrSerialization = errors.New("serialization failure")
+
+// Executor runs the statements that may run inside a caller's transaction.
+type Executor interface {
+	KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error)
+	KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error)
+	KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error)
+	TombstoneGet(ctx context.Context, params *dbpgx.TombstoneGetParams) (*dbpgx.TombstoneGetRow, error)
+}
+
+// Driver is what a client of transaction type TTx needs from its database.
+type Driver[TTx any] interface {
+	// Begin starts a transaction of pgonce's own.
+	Begin(ctx context.Context) (TTx, error)
+	Commit(ctx context.Context, tx TTx) error
+	Rollback(ctx context.Context, tx TTx) error
+	// UnwrapExecutor returns an executor that runs in tx.
+	UnwrapExecutor(tx TTx) Executor
+	// Store returns the transaction-free operations.
+	Store() *Store
+}
+
+// Store holds the operations that need no caller's transaction: each runs as
+// one statement on a pool connection, or holds a connection for listening.
+type Store struct {
+	// Schema is the validated schema that holds pgonce's tables.
+	Schema string
+	// WorkChannel is notified when pending work is ready.
+	WorkChannel string
+	// DoneChannel is notified with a key when the key is final.
+	DoneChannel string
+
+	rewriter *rewriter
+	queries  *dbpgx.Queries
+	// pgxFunc runs f with a pgx handle taken from the pool.
+	pgxFunc func(ctx context.Context, f func(db dbpgx.DBTX) error) error
+	// connFunc runs f with a connection held for f's whole duration.
+	connFunc func(ctx context.Context, f func(conn *pgx.Conn) error) error
+	executor Executor
+}
+
+func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) error) error,
+	connFunc func(context.Context, func(*pgx.Conn) error) error, executor func(*rewriter) Executor,
+) (*Store, error) {
+	if err := ident.ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	rw := newRewriter(schema)
+	return &Store{
+		Schema:      schema,
+		WorkChannel: ident.WorkChannel(schema),
+		DoneChannel: ident.DoneChannel(schema),
+		rewriter:    rw,
+		queries:     dbpgx.New(),
+		pgxFunc:     pgxFunc,
+		connFunc:    connFunc,
+		executor:    executor(rw),
+	}, nil
+}
+
+// Executor returns an executor that runs each statement on its own in the
+// pool.
+func (s *Store) Executor() Executor { return s.executor }
+
+// Pgx runs f with the generated pgx queries and a handle from the pool whose
+// statements are rewritten into the store's schema.
+func (s *Store) Pgx(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+	err := s.pgxFunc(ctx, func(db dbpgx.DBTX) error {
+		return f(s.queries, pgxRewriting{db: db, rw: s.rewriter})
+	})
+	return InterpretError(err)
+}
+
+// Listen holds one connection, listens on channels and passes each
+// notification to handle until ctx is done or the connection fails. ready,
+// if not nil, is called once the LISTEN statements have run.
+func (s *Store) Listen(ctx context.Context, channels []string, ready func(), handle func(*pgconn.Notification)) error {
+	return s.connFunc(ctx, func(conn *pgx.Conn) error {
+		for _, channel := range channels {
+			if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(channel)); err != nil {
+				return fmt.Errorf("listen: %w", err)
+			}
+		}
+		// The connection goes back to a pool: leave it listening to nothing.
+		defer func() {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *")
+		}()
+		if ready != nil {
+			ready()
+		}
+		for {
+			notification, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return err
+			}
+			handle(notification)
+		}
+	})
+}
+
+// InterpretError translates driver errors into the store's own. Errors the
+// store does not know are returned as they are.
+func InterpretError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
+		return ErrNoRows
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01":
+			return fmt.Errorf("%w (SQLSTATE %s): %s", ErrSerialization, pgErr.Code, pgErr.Message)
+		}
+	}
+	return err
+}
+
+// tablePattern finds pgonce's table names in generated statements. They are
+// distinctive enough that a word match cannot hit anything else.
+var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|tombstone)\b`)
+
+// rewriter qualifies the table names of statements with a schema, once per
+// statement text.
+type rewriter struct {
+	prefix string
+	cache  sync.Map // statement text -> rewritten text
+}
+
+func newRewriter(schema string) *rewriter {
+	return &rewriter{prefix: ident.Quote(schema) + "."}
+}
+
+func (r *rewriter) rewrite(query string) string {
+	if rewritten, ok := r.cache.Load(query); ok {
+		return rewritten.(string) //nolint:forcetypeassert // only strings are stored
+	}
+	rewritten := tablePattern.ReplaceAllString(query, r.prefix+"$0")
+	r.cache.Store(query, rewritten)
+	return rewritten
+}
+
+type pgxRewriting struct {
+	db dbpgx.DBTX
+	rw *rewriter
+}
+
+func (p pgxRewriting) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
+	return p.db.Exec(ctx, p.rw.rewrite(query), args...)
+}
+
+func (p pgxRewriting) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
+	return p.db.Query(ctx, p.rw.rewrite(query), args...)
+}
+
+func (p pgxRewriting) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
+	return p.db.QueryRow(ctx, p.rw.rewrite(query), args...)
+}

@@ -1,0 +1,87 @@
+-- +goose Up
+
+-- pgonce_key is the key store and the one source of truth for a key's state.
+-- A key row is written once per intended action and lives until retention
+-- prunes it into a tombstone.
+CREATE TABLE pgonce_key (
+    key text PRIMARY KEY,
+    -- scope identifies the logical action (tenant + run + step, or tenant +
+    -- business key). It is unique so that one step is one action: asking step
+    -- 3 again with another tool or other arguments is a conflict, not a second
+    -- action.
+    scope text NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    step bigint NOT NULL,
+    business_key text NOT NULL,
+    tool text NOT NULL,
+    natural_id text NOT NULL,
+    -- fingerprint is a hash of the tool and the canonical arguments.
+    fingerprint text NOT NULL,
+    -- args are the RFC 8785 canonical bytes of the arguments.
+    args bytea NOT NULL,
+    -- open: pending or in flight, as the key's outbox row says.
+    state text NOT NULL DEFAULT 'open',
+    attempt integer NOT NULL DEFAULT 0,
+    -- response and failure are bytea, not jsonb: jsonb reorders members and
+    -- drops whitespace, and a replay must return the provider's exact bytes.
+    response bytea,
+    failure bytea,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    completed_at timestamptz,
+    -- expires_at is when retention may turn the key into a tombstone. Only
+    -- terminal keys have one.
+    expires_at timestamptz,
+    CONSTRAINT pgonce_key_scope_key UNIQUE (scope),
+    CONSTRAINT pgonce_key_state_check CHECK (state IN ('open', 'succeeded', 'failed', 'needs_review')),
+    CONSTRAINT pgonce_key_response_check CHECK ((state = 'succeeded') = (response IS NOT NULL)),
+    CONSTRAINT pgonce_key_failure_check CHECK ((state = 'failed') = (failure IS NOT NULL)),
+    CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed')) = (completed_at IS NOT NULL))
+);
+
+CREATE INDEX pgonce_key_expires_at_idx ON pgonce_key (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX pgonce_key_needs_review_idx ON pgonce_key (updated_at) WHERE state = 'needs_review';
+
+-- pgonce_outbox is the dispatch queue: one row per open key. A row with no
+-- lease is pending; a row with a lease is in flight. The row is deleted in
+-- the statement that records the key's outcome.
+CREATE TABLE pgonce_outbox (
+    key text PRIMARY KEY REFERENCES pgonce_key (key) ON DELETE CASCADE,
+    tool text NOT NULL,
+    available_at timestamptz NOT NULL DEFAULT now(),
+    -- attempt fences every write that finishes an attempt: a writer whose
+    -- attempt is no longer the row's changes nothing.
+    attempt integer NOT NULL DEFAULT 0,
+    lease_until timestamptz,
+    worker text,
+    -- first_attempted_at starts a provider's key-retention window.
+    first_attempted_at timestamptz,
+    -- ambiguous records that the last attempt may or may not have acted.
+    ambiguous boolean NOT NULL DEFAULT false,
+    last_error text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT pgonce_outbox_lease_check CHECK ((lease_until IS NULL) = (worker IS NULL))
+);
+
+-- Claiming reads the head of this index, whatever the table's size.
+CREATE INDEX pgonce_outbox_due_idx ON pgonce_outbox (available_at) WHERE lease_until IS NULL;
+-- The reconciler reads expired leases from this one.
+CREATE INDEX pgonce_outbox_lease_idx ON pgonce_outbox (lease_until) WHERE lease_until IS NOT NULL;
+
+-- pgonce_tombstone remembers a pruned key, without its response, so that a
+-- late duplicate is refused as expired instead of executed again.
+CREATE TABLE pgonce_tombstone (
+    key text PRIMARY KEY,
+    scope text NOT NULL,
+    completed_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT pgonce_tombstone_scope_key UNIQUE (scope)
+);
+
+CREATE INDEX pgonce_tombstone_expires_at_idx ON pgonce_tombstone (expires_at);
+
+-- +goose Down
+DROP TABLE pgonce_tombstone;
+DROP TABLE pgonce_outbox;
+DROP TABLE pgonce_key;

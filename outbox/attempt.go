@@ -1,0 +1,253 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+)
+
+// Attempt is one claimed attempt of a key, as the inline path and the
+// dispatcher run it.
+//
+// API is not stable. DO NOT USE.
+type Attempt struct {
+	// Tool is the key's registered tool.
+	Tool *Tool
+	// Request is what the provider receives.
+	Request Request
+	// Ambiguous reports that an earlier attempt may have acted.
+	Ambiguous bool
+	// FirstAttemptedAt starts the provider's key-retention window.
+	FirstAttemptedAt time.Time
+	// MaxAttempts turns a retryable failure into a final one at this attempt.
+	// Zero means no limit.
+	MaxAttempts int
+}
+
+// OutcomeKind classifies how an attempt ended.
+//
+// API is not stable. DO NOT USE.
+type OutcomeKind int
+
+// Outcome kinds.
+const (
+	OutcomeSucceeded OutcomeKind = iota
+	OutcomeFailed
+	OutcomeNeedsReview
+	OutcomeRetry
+)
+
+// Outcome is how an attempt ended, ready to be recorded.
+//
+// API is not stable. DO NOT USE.
+type Outcome struct {
+	Key       Key
+	Attempt   int
+	Kind      OutcomeKind
+	Response  json.RawMessage
+	Failure   json.RawMessage
+	Retention time.Duration
+	// RetryDelay, Ambiguous and Err describe an OutcomeRetry.
+	RetryDelay time.Duration
+	Ambiguous  bool
+	Err        error
+}
+
+// RunAttempt runs one claimed attempt: a lookup first where an earlier
+// attempt left the effect unknown and the tool can look up, then the provider
+// call under [Config.CallTimeout] unless callTimeout overrides it. It never
+// panics: a provider panic becomes a retryable failure. backoff gives the
+// delay before retry n (from 1).
+//
+// API is not stable. DO NOT USE.
+func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, callTimeout time.Duration, backoff func(attempt int) time.Duration) Outcome {
+	if callTimeout <= 0 {
+		callTimeout = c.config.CallTimeout
+	}
+	tool := a.Tool
+	out := Outcome{Key: a.Request.Key, Attempt: a.Request.Attempt, Retention: cmp.Or(tool.Opts.Retention, c.config.Retention)}
+	lookuper, canLookup := tool.Provider.(Lookuper)
+	if p != nil {
+		lookuper, canLookup = p.(Lookuper)
+	} else {
+		p = tool.Provider
+	}
+
+	if a.Ambiguous {
+		pastKeyWindow := tool.Delivery == IdempotentByKey && tool.Opts.KeyRetention > 0 &&
+			!a.FirstAttemptedAt.IsZero() && c.now().Sub(a.FirstAttemptedAt) > tool.Opts.KeyRetention
+		switch {
+		case tool.Delivery == AtMostOnce:
+			return out.needsReview()
+		case tool.Delivery == LookupByNaturalID || (pastKeyWindow && canLookup):
+			// Read before write: the earlier attempt may have acted.
+			resp, found, err := c.lookup(ctx, lookuper, a.Request, callTimeout)
+			if err != nil {
+				return out.retry(a, backoff, true, fmt.Errorf("lookup: %w", err))
+			}
+			if found {
+				return out.succeeded(resp)
+			}
+			a.Ambiguous = false
+		case pastKeyWindow:
+			// The provider has forgotten the key: a retry could act twice.
+			return out.needsReview()
+		}
+	}
+
+	resp, err := c.call(ctx, p, a.Request, callTimeout)
+	switch {
+	case err == nil:
+		return out.succeeded(resp)
+	case isPermanent(err):
+		out.Kind, out.Failure, out.Err = OutcomeFailed, failureBody(err), err
+		return out
+	case IsAmbiguous(err):
+		if tool.Delivery == AtMostOnce {
+			out.Err = err
+			return out.needsReview()
+		}
+		return out.retry(a, backoff, true, err)
+	default:
+		return out.retry(a, backoff, a.Ambiguous, err)
+	}
+}
+
+func (o Outcome) succeeded(resp json.RawMessage) Outcome {
+	if resp == nil {
+		// nil would be stored as NULL; an empty response is still a response.
+		resp = json.RawMessage{}
+	}
+	o.Kind, o.Response = OutcomeSucceeded, resp
+	return o
+}
+
+func (o Outcome) needsReview() Outcome {
+	o.Kind = OutcomeNeedsReview
+	return o
+}
+
+func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous bool, err error) Outcome {
+	o.Err, o.Ambiguous = err, ambiguous
+	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts {
+		if ambiguous && a.Tool.Delivery != IdempotentByKey {
+			return o.needsReview()
+		}
+		o.Kind, o.Failure = OutcomeFailed, failureBody(fmt.Errorf("gave up after %d attempts: %w", a.Request.Attempt, err))
+		return o
+	}
+	o.Kind = OutcomeRetry
+	if backoff != nil {
+		o.RetryDelay = backoff(a.Request.Attempt)
+	}
+	return o
+}
+
+func isPermanent(err error) bool {
+	var permanent *PermanentError
+	return errors.As(err, &permanent)
+}
+
+// call runs the provider under the call timeout and turns a panic into an
+// error that keeps the stack.
+func (c *Client[TTx]) call(ctx context.Context, p Provider, req Request, timeout time.Duration) (resp json.RawMessage, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			c.config.Logger.ErrorContext(ctx, "pgonce: provider panicked",
+				"tool", req.Tool, "key", req.Key, "attempt", req.Attempt, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("provider panicked: %v", r)
+		}
+	}()
+	return p.Call(ctx, req)
+}
+
+func (c *Client[TTx]) lookup(ctx context.Context, l Lookuper, req Request, timeout time.Duration) (resp json.RawMessage, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			c.config.Logger.ErrorContext(ctx, "pgonce: lookup panicked",
+				"tool", req.Tool, "key", req.Key, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("lookup panicked: %v", r)
+		}
+	}()
+	return l.Lookup(ctx, req)
+}
+
+// RecordTimeout bounds how long recording outcomes may take once the
+// caller's context is gone: an outcome whose provider acted is worth
+// persisting after a cancel.
+const RecordTimeout = 10 * time.Second
+
+// Record persists outcomes in at most two statements, each fenced by its
+// attempt, and returns the keys whose outcome was written. An outcome whose
+// attempt no longer holds its key (the lease was taken over) writes nothing.
+// Recording continues after ctx is cancelled, for up to [RecordTimeout].
+//
+// API is not stable. DO NOT USE.
+func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
+	defer cancel()
+	written := make(map[Key]bool, len(outcomes))
+	finish := &dbpgx.OutboxFinishParams{Now: c.nowParam()}
+	release := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
+	if !c.config.NotifyDisabled {
+		finish.Channel = c.store.DoneChannel
+		release.Channel = c.store.WorkChannel
+	}
+	for _, o := range outcomes {
+		if o.Kind == OutcomeRetry {
+			release.Key = append(release.Key, string(o.Key))
+			release.Attempt = append(release.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+			release.DelayMs = append(release.DelayMs, o.RetryDelay.Milliseconds())
+			release.Ambiguous = append(release.Ambiguous, o.Ambiguous)
+			lastError := ""
+			if o.Err != nil {
+				lastError = o.Err.Error()
+			}
+			release.LastError = append(release.LastError, lastError)
+			continue
+		}
+		state := map[OutcomeKind]string{
+			OutcomeSucceeded:   dbStateSucceeded,
+			OutcomeFailed:      dbStateFailed,
+			OutcomeNeedsReview: dbStateNeedsReview,
+		}[o.Kind]
+		finish.Key = append(finish.Key, string(o.Key))
+		finish.Attempt = append(finish.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		finish.State = append(finish.State, state)
+		finish.Response = append(finish.Response, o.Response)
+		finish.Failure = append(finish.Failure, o.Failure)
+		finish.RetentionMs = append(finish.RetentionMs, o.Retention.Milliseconds())
+	}
+	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		if len(finish.Key) > 0 {
+			rows, err := q.OutboxFinish(ctx, db, finish)
+			if err != nil {
+				return fmt.Errorf("record outcomes: %w", err)
+			}
+			for _, row := range rows {
+				written[Key(row.Key)] = true
+			}
+		}
+		if len(release.Key) > 0 {
+			rows, err := q.OutboxRelease(ctx, db, release)
+			if err != nil {
+				return fmt.Errorf("release attempts: %w", err)
+			}
+			for _, row := range rows {
+				written[Key(row.Key)] = true
+			}
+		}
+		return nil
+	})
+	return written, err
+}

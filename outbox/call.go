@@ -1,0 +1,55 @@
+package outbox
+
+// Call describes one intended side-effecting action: the thing that must
+// happen exactly once however often it is asked for. Every attempt of the
+// same intended action must describe it with the same Call, so that it
+// derives the same [Key]; see [DeriveKey] for how, and KEYSPEC.md for the
+// exact derivation.
+//
+// A Call is either a step call, identified by RunID and Step, or a business
+// call, identified by Key. Nothing random, no timestamp and no text a model
+// wrote should go into any field.
+type Call struct {
+	// Tenant is an optional namespace. Keys of different tenants never
+	// collide, even with equal other fields. At most [CallStringMaxBytes]
+	// bytes of valid UTF-8.
+	Tenant string
+
+	// RunID names the run, workflow or request that owns the action.
+	// Required unless Key is set, and then ignored. At most
+	// [CallStringMaxBytes] bytes of valid UTF-8.
+	RunID string
+
+	// Step is the logical step of the action within its run. One step is one
+	// action: asking for the same run and step again with a different Tool or
+	// different Args is a conflict, not a second action, so parallel tool
+	// calls in one turn need distinct steps. Must not be negative; ignored
+	// when Key is set.
+	Step int64
+
+	// Tool is the registered tool name, e.g. "refund". Required; it must
+	// match ^[a-z][a-z0-9_.:-]{0,63}$.
+	Tool string
+
+	// Args are the tool's arguments. They must be JSON-serialisable and are
+	// canonicalised per RFC 8785 as [Canonicalize] describes: a
+	// [json.RawMessage] or []byte is taken as JSON text, anything else is
+	// marshalled. nil means JSON null. Numbers must be exactly representable
+	// as float64 values (send big ids and decimal money as strings);
+	// otherwise [DeriveKey] returns an error matching [ErrNotCanonical].
+	Args any
+
+	// Key is an optional explicit business key, such as an order id for a
+	// refund. When set, it replaces RunID and Step in the derivation: the
+	// action is identified by Tenant, Tool and Key, and Args are checked by
+	// fingerprint rather than hashed into the key, so reusing a business key
+	// with different arguments is a conflict instead of a new action. At
+	// most [CallStringMaxBytes] bytes of valid UTF-8.
+	Key string
+
+	// NaturalID is an optional deterministic id for providers that cannot
+	// deduplicate on our key but can be asked whether an action with this id
+	// happened. It is passed to the provider and does not affect the key. At
+	// most [CallStringMaxBytes] bytes of valid UTF-8.
+	NaturalID string
+}

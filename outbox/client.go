@@ -1,0 +1,305 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// Client claims keys, replays their outcomes and runs providers inline. It is
+// generic over the caller's transaction type: [New] returns a
+// Client[*sql.Tx] and [NewPgx] a Client[pgx.Tx]; both share one
+// implementation. A Client is safe for concurrent use.
+type Client[TTx any] struct {
+	config Config
+	driver store.Driver[TTx]
+	store  *store.Store
+}
+
+// New returns a client over db, which must be opened with pgx's stdlib
+// driver (sql.Open("pgx", url) after importing
+// github.com/jackc/pgx/v5/stdlib, or stdlib.OpenDBFromPool). Its
+// [Client.SubmitTx] takes the caller's *sql.Tx. The schema must already be
+// migrated (see the migrations package).
+func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
+	return newClient(config, func(schema string) (store.Driver[*sql.Tx], error) {
+		return store.NewStdDriver(db, schema)
+	})
+}
+
+// NewPgx returns a client over pool. Its [Client.SubmitTx] takes the
+// caller's pgx.Tx. The schema must already be migrated (see the migrations
+// package; pass it stdlib.OpenDBFromPool(pool)).
+func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
+	return newClient(config, func(schema string) (store.Driver[pgx.Tx], error) {
+		return store.NewPgxDriver(pool, schema)
+	})
+}
+
+func newClient[TTx any](config Config, driverFunc func(schema string) (store.Driver[TTx], error)) (*Client[TTx], error) {
+	config = config.withDefaults()
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	driver, err := driverFunc(config.Schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Client[TTx]{config: config, driver: driver, store: driver.Store()}, nil
+}
+
+// Config returns the client's configuration, with defaults filled in.
+func (c *Client[TTx]) Config() Config { return c.config }
+
+// Store returns the client's storage seam, for the dispatcher and reconciler
+// packages.
+//
+// API is not stable. DO NOT USE.
+func (c *Client[TTx]) Store() *store.Store { return c.store }
+
+// SubmitTx claims call's key and writes its outbox row inside tx, the
+// caller's own transaction, in one statement. If tx rolls back, so too do the
+// key and the row; once tx commits, a dispatcher runs the call.
+//
+// An existing key answers by its state: pending or in flight returns
+// Created false and a retry-after hint; succeeded and failed return the
+// stored response or failure verbatim; needs review returns that state. The
+// same key or the same run and step with another tool or other arguments
+// returns [ErrKeyConflict]; a pruned key returns [ErrExpired]; a tool missing
+// from the registry returns [ErrUnknownTool]. None of these writes anything.
+//
+// A concurrent transaction that claimed the same key and has not committed
+// makes SubmitTx wait until it ends. Under READ COMMITTED the waiter then
+// sees the winner's key (or wins, if the other rolled back). Under
+// REPEATABLE READ or SERIALIZABLE, PostgreSQL aborts the waiter instead, and
+// SubmitTx returns [ErrSerialization]: roll back and retry the transaction.
+// After any error the caller's transaction may be aborted; roll it back.
+func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, error) {
+	d, _, err := c.prepare(call)
+	if err != nil {
+		return Result{}, err
+	}
+	res, _, err := c.claim(ctx, c.driver.UnwrapExecutor(tx), d, call, false)
+	return res, err
+}
+
+// Submit is [Client.SubmitTx] in a transaction of its own, committed before
+// Submit returns.
+func (c *Client[TTx]) Submit(ctx context.Context, call Call) (Result, error) {
+	d, _, err := c.prepare(call)
+	if err != nil {
+		return Result{}, err
+	}
+	tx, err := c.driver.Begin(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("begin: %w", err)
+	}
+	res, _, err := c.claim(ctx, c.driver.UnwrapExecutor(tx), d, call, false)
+	if err != nil {
+		_ = c.driver.Rollback(context.WithoutCancel(ctx), tx)
+		return Result{}, err
+	}
+	if err := c.driver.Commit(ctx, tx); err != nil {
+		return Result{}, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
+// Get returns key's current result with one index probe. It returns
+// [ErrNotFound] for a key never submitted and [ErrExpired] for a pruned one.
+func (c *Client[TTx]) Get(ctx context.Context, key Key) (Result, error) {
+	if _, err := ParseKey(string(key)); err != nil {
+		return Result{}, err
+	}
+	return c.get(ctx, c.store.Executor(), key)
+}
+
+func (c *Client[TTx]) get(ctx context.Context, exec store.Executor, key Key) (Result, error) {
+	row, err := exec.KeyGet(ctx, &dbpgx.KeyGetParams{Key: string(key)})
+	if err == nil {
+		return c.resultFromRow(row, false), nil
+	}
+	if !errors.Is(err, store.ErrNoRows) {
+		return Result{}, fmt.Errorf("get key: %w", err)
+	}
+	tomb, err := exec.TombstoneGet(ctx, &dbpgx.TombstoneGetParams{Key: string(key)})
+	if errors.Is(err, store.ErrNoRows) {
+		return Result{}, fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("get tombstone: %w", err)
+	}
+	return expiredResult(Key(tomb.Key), tomb.CompletedAt), &ExpiredError{Key: Key(tomb.Key), CompletedAt: tomb.CompletedAt}
+}
+
+// prepare derives call's key and finds its tool. Nothing is written.
+func (c *Client[TTx]) prepare(call Call) (derivation, *Tool, error) {
+	d, err := derive(call)
+	if err != nil {
+		return derivation{}, nil, err
+	}
+	tool := c.config.Registry.Lookup(call.Tool)
+	if tool == nil {
+		return derivation{}, nil, fmt.Errorf("%w: %q is not registered", ErrUnknownTool, call.Tool)
+	}
+	return d, tool, nil
+}
+
+// claim writes the key and its outbox row, or reads the row that was there
+// first. With inFlight the new row is claimed at once under a lease, for Do.
+// It reports whether this request created the key.
+func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *dbpgx.KeyInsertRow, error) {
+	params := &dbpgx.KeyInsertParams{
+		Key:         string(d.Key),
+		Scope:       d.Scope,
+		Tenant:      call.Tenant,
+		RunID:       call.RunID,
+		Step:        call.Step,
+		BusinessKey: call.Key,
+		Tool:        call.Tool,
+		NaturalID:   call.NaturalID,
+		Fingerprint: d.Fingerprint,
+		Args:        d.Args,
+		Now:         c.nowParam(),
+	}
+	if call.Key != "" {
+		params.RunID, params.Step = "", 0
+	}
+	if inFlight {
+		params.LeaseMs = ptr(c.config.Lease.Milliseconds())
+		params.Worker = ptr(c.config.WorkerID)
+	} else if !c.config.NotifyDisabled {
+		params.Channel = c.store.WorkChannel
+	}
+	// A conflicting row can vanish between the insert and the read (pruned
+	// into a tombstone, which the next round then finds); a few rounds
+	// settle it.
+	for range 3 {
+		row, err := exec.KeyInsert(ctx, params)
+		if err == nil {
+			res := Result{
+				Key:       d.Key,
+				State:     StatePending,
+				Created:   true,
+				Tool:      call.Tool,
+				Attempts:  int(row.Attempt),
+				CreatedAt: row.CreatedAt,
+				UpdatedAt: row.CreatedAt,
+			}
+			if row.LeaseUntil != nil {
+				res.State = StateInFlight
+			}
+			res.RetryAfter = c.retryAfter(res.State, row.CreatedAt, row.LeaseUntil)
+			return res, row, nil
+		}
+		if !errors.Is(err, store.ErrNoRows) {
+			return Result{}, nil, fmt.Errorf("claim key: %w", err)
+		}
+		existing, err := exec.KeyGetByKeyOrScope(ctx, &dbpgx.KeyGetByKeyOrScopeParams{Key: string(d.Key), Scope: d.Scope})
+		if err == nil {
+			if existing.Key != string(d.Key) || existing.Fingerprint != d.Fingerprint {
+				return Result{}, nil, &KeyConflictError{
+					Key:                 d.Key,
+					ExistingKey:         Key(existing.Key),
+					Fingerprint:         d.Fingerprint,
+					ExistingFingerprint: existing.Fingerprint,
+					ExistingTool:        existing.Tool,
+				}
+			}
+			return c.resultFromRow(existing, false), nil, nil
+		}
+		if !errors.Is(err, store.ErrNoRows) {
+			return Result{}, nil, fmt.Errorf("read existing key: %w", err)
+		}
+		tomb, err := exec.TombstoneGet(ctx, &dbpgx.TombstoneGetParams{Key: string(d.Key), Scope: d.Scope})
+		if err == nil {
+			return Result{}, nil, &ExpiredError{Key: Key(tomb.Key), CompletedAt: tomb.CompletedAt}
+		}
+		if !errors.Is(err, store.ErrNoRows) {
+			return Result{}, nil, fmt.Errorf("read tombstone: %w", err)
+		}
+	}
+	return Result{}, nil, fmt.Errorf("claim key %s: the conflicting row kept changing", d.Key)
+}
+
+func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
+	res := Result{
+		Key:       Key(row.Key),
+		Created:   created,
+		Tool:      row.Tool,
+		Attempts:  int(row.Attempt),
+		CreatedAt: row.CreatedAt,
+		UpdatedAt: row.UpdatedAt,
+	}
+	if row.CompletedAt != nil {
+		res.CompletedAt = *row.CompletedAt
+	}
+	switch row.State {
+	case dbStateOpen:
+		res.State = StatePending
+		if row.LeaseUntil != nil {
+			res.State = StateInFlight
+		}
+		if row.OutboxAttempt != nil {
+			res.Attempts = int(*row.OutboxAttempt)
+		}
+		available := res.CreatedAt
+		if row.AvailableAt != nil {
+			available = *row.AvailableAt
+		}
+		res.RetryAfter = c.retryAfter(res.State, available, row.LeaseUntil)
+	case dbStateSucceeded:
+		res.State, res.Response = StateSucceeded, row.Response
+	case dbStateFailed:
+		res.State, res.Failure = StateFailed, row.Failure
+	case dbStateNeedsReview:
+		res.State = StateNeedsReview
+	}
+	return res
+}
+
+func expiredResult(key Key, completedAt time.Time) Result {
+	return Result{Key: key, State: StateExpired, CompletedAt: completedAt}
+}
+
+// Retry-after hints: never below retryAfterMin, so that a busy caller backs
+// off, and never above retryAfterMax for in-flight keys, whose end nobody
+// knows.
+const (
+	retryAfterMin = 100 * time.Millisecond
+	retryAfterMax = 2 * time.Second
+)
+
+func (c *Client[TTx]) retryAfter(state State, availableAt time.Time, leaseUntil *time.Time) time.Duration {
+	now := c.now()
+	if state == StateInFlight && leaseUntil != nil {
+		return min(max(leaseUntil.Sub(now), retryAfterMin), retryAfterMax)
+	}
+	return max(availableAt.Sub(now), retryAfterMin)
+}
+
+func (c *Client[TTx]) now() time.Time {
+	if c.config.NowFunc != nil {
+		return c.config.NowFunc()
+	}
+	return time.Now()
+}
+
+// nowParam is the time passed to statements: nil lets the database's clock
+// decide, which keeps every lease on one clock.
+func (c *Client[TTx]) nowParam() *time.Time {
+	if c.config.NowFunc == nil {
+		return nil
+	}
+	return ptr(c.config.NowFunc())
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,113 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// driverHarness gives a test the same client over either driver, so that
+// every client test runs against pgx and database/sql alike.
+type driverHarness[TTx any] struct {
+	newClient func(t *testing.T, config outbox.Config) *outbox.Client[TTx]
+	begin     func(t *testing.T, opts *sql.TxOptions) TTx
+	commit    func(tx TTx) error
+	rollback  func(tx TTx) error
+}
+
+func pgxHarness() driverHarness[pgx.Tx] {
+	return driverHarness[pgx.Tx]{
+		newClient: func(t *testing.T, config outbox.Config) *outbox.Client[pgx.Tx] {
+			t.Helper()
+			client, err := outbox.NewPgx(pgoncetest.Pool(t), config)
+			require.NoError(t, err)
+			return client
+		},
+		begin: func(t *testing.T, opts *sql.TxOptions) pgx.Tx {
+			t.Helper()
+			txOpts := pgx.TxOptions{}
+			if opts != nil && opts.Isolation == sql.LevelSerializable {
+				txOpts.IsoLevel = pgx.Serializable
+			}
+			if opts != nil && opts.Isolation == sql.LevelRepeatableRead {
+				txOpts.IsoLevel = pgx.RepeatableRead
+			}
+			tx, err := pgoncetest.Pool(t).BeginTx(t.Context(), txOpts)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			return tx
+		},
+		commit:   func(tx pgx.Tx) error { return tx.Commit(context.Background()) },
+		rollback: func(tx pgx.Tx) error { return tx.Rollback(context.Background()) },
+	}
+}
+
+func stdHarness() driverHarness[*sql.Tx] {
+	return driverHarness[*sql.Tx]{
+		newClient: func(t *testing.T, config outbox.Config) *outbox.Client[*sql.Tx] {
+			t.Helper()
+			client, err := outbox.New(pgoncetest.DB(t), config)
+			require.NoError(t, err)
+			return client
+		},
+		begin: func(t *testing.T, opts *sql.TxOptions) *sql.Tx {
+			t.Helper()
+			tx, err := pgoncetest.DB(t).BeginTx(t.Context(), opts)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback() })
+			return tx
+		},
+		commit:   func(tx *sql.Tx) error { return tx.Commit() },
+		rollback: func(tx *sql.Tx) error { return tx.Rollback() },
+	}
+}
+
+// countingProvider counts its calls and answers with a fixed response.
+type countingProvider struct {
+	calls    atomic.Int64
+	response json.RawMessage
+	err      error
+	// hold, when not nil, blocks every call until it is closed.
+	hold chan struct{}
+}
+
+func (p *countingProvider) Call(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
+	p.calls.Add(1)
+	if p.hold != nil {
+		select {
+		case <-p.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return p.response, p.err
+}
+
+// lookupProvider is a natural-id provider backed by a map of effects.
+type lookupProvider struct {
+	countingProvider
+	lookups atomic.Int64
+	found   json.RawMessage
+}
+
+func (p *lookupProvider) Lookup(context.Context, outbox.Request) (json.RawMessage, bool, error) {
+	p.lookups.Add(1)
+	return p.found, p.found != nil, nil
+}
+
+// rowCounts returns how many key and outbox rows schema holds.
+func rowCounts(t *testing.T, schema string) (keys, outboxRows int) {
+	t.Helper()
+	pool := pgoncetest.Pool(t)
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_key`).Scan(&keys))
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_outbox`).Scan(&outboxRows))
+	return keys, outboxRows
+}

@@ -1,0 +1,114 @@
+package outbox
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/ident"
+)
+
+const (
+	// SchemaDefault is the schema of pgonce's tables when none is configured.
+	SchemaDefault = "pgonce"
+	// CallTimeoutDefault is the default deadline of one provider call.
+	CallTimeoutDefault = 30 * time.Second
+	// LeaseMarginMin is how much longer than the call timeout a lease must
+	// last: the time to persist an outcome after the provider returns.
+	LeaseMarginMin = time.Second
+	// RetentionDefault is how long a finished key keeps its response.
+	RetentionDefault = 30 * 24 * time.Hour
+	// TombstoneRetentionDefault is how long a pruned key's tombstone is kept.
+	TombstoneRetentionDefault = 365 * 24 * time.Hour
+)
+
+// Config configures a [Client]. Its zero value works: every field has a
+// default.
+type Config struct {
+	// Schema holds pgonce's tables; it must be migrated (see the migrations
+	// package). A plain lower-case identifier. Defaults to "pgonce".
+	Schema string
+
+	// Registry holds the tools that may be submitted, and their providers.
+	// Defaults to an empty registry, in which every submit fails with
+	// [ErrUnknownTool].
+	Registry *Registry
+
+	// CallTimeout is the deadline of one provider call made by [Client.Do].
+	// Defaults to [CallTimeoutDefault].
+	CallTimeout time.Duration
+
+	// Lease is how long an attempt of [Client.Do] holds its key. It must
+	// exceed CallTimeout by at least [LeaseMarginMin], so that a live caller
+	// never outlives its claim. Defaults to CallTimeout + 30s.
+	Lease time.Duration
+
+	// Retention is how long a finished key keeps its response before pruning
+	// turns it into a tombstone, for tools that do not set their own. It must
+	// outlast every window in which a duplicate can arrive. Defaults to
+	// [RetentionDefault], 30 days.
+	Retention time.Duration
+
+	// TombstoneRetention is how long a tombstone is kept after its key was
+	// pruned. Defaults to [TombstoneRetentionDefault], one year.
+	TombstoneRetention time.Duration
+
+	// NotifyDisabled turns off LISTEN/NOTIFY wake-ups: submits then never
+	// notify, and dispatchers and waiters rely on polling alone. NOTIFY takes
+	// a database-wide lock at commit; disable it only when measurements say
+	// so. Defaults to false.
+	NotifyDisabled bool
+
+	// WorkerID names this process in leases, for operators. Defaults to
+	// hostname:pid.
+	WorkerID string
+
+	// Logger receives the client's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// NowFunc returns the current time for timestamps written by pgonce. nil
+	// means the database's clock, which is what production should use;
+	// tests set it to move time. Leases always follow the database's clock
+	// unless NowFunc is set.
+	NowFunc func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, SchemaDefault)
+	if c.Registry == nil {
+		c.Registry = NewRegistry()
+	}
+	c.CallTimeout = cmp.Or(c.CallTimeout, CallTimeoutDefault)
+	c.Lease = cmp.Or(c.Lease, c.CallTimeout+30*time.Second)
+	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+	c.TombstoneRetention = cmp.Or(c.TombstoneRetention, TombstoneRetentionDefault)
+	if c.WorkerID == "" {
+		host, _ := os.Hostname()
+		c.WorkerID = fmt.Sprintf("%s:%d", cmp.Or(host, "localhost"), os.Getpid())
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := ident.ValidateSchema(c.Schema); err != nil {
+		return err
+	}
+	switch {
+	case c.CallTimeout < 0:
+		return fmt.Errorf("%w: CallTimeout must not be negative", ErrInvalidConfig)
+	case c.Lease < c.CallTimeout+LeaseMarginMin:
+		return fmt.Errorf("%w: Lease (%s) must exceed CallTimeout (%s) by at least %s", ErrInvalidConfig, c.Lease, c.CallTimeout, LeaseMarginMin)
+	case c.Retention < 0:
+		return fmt.Errorf("%w: Retention must not be negative", ErrInvalidConfig)
+	case c.TombstoneRetention < c.Retention:
+		return fmt.Errorf("%w: TombstoneRetention (%s) must be at least Retention (%s)", ErrInvalidConfig, c.TombstoneRetention, c.Retention)
+	case len(c.WorkerID) > 200:
+		return fmt.Errorf("%w: WorkerID must be at most 200 bytes", ErrInvalidConfig)
+	}
+	return nil
+}

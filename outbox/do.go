@@ -1,0 +1,129 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// Do runs call inline, without a dispatcher: it claims the key in flight
+// under [Config.Lease] and commits the claim, so the claim is durable before
+// the effect; it then calls p (or, when p is nil, the tool's registered
+// provider) under [Config.CallTimeout], records the outcome and returns it.
+// call.Tool must be registered: its [Delivery] decides what an uncertain
+// attempt means, for Do and for the reconciler after a crash.
+//
+// Concurrent Dos of one action make exactly one provider call. The others
+// return [ErrInProgress] (an [*InProgressError] with a retry-after hint)
+// together with a Result in [StatePending] or [StateInFlight]. A key already
+// finished returns its stored outcome: succeeded with the response verbatim,
+// failed with the stored failure (a nil error in both cases; see
+// [Result.Replayed]), or needs review.
+//
+// A provider error wrapped with [Permanent] is stored as the key's failure and
+// replayed forever. Any other error, or a panic, leaves the key pending and
+// returns [ErrProviderFailed]: a running dispatcher retries it after
+// backoff, and so does a later Do of the same call. An uncertain error (see
+// [IsAmbiguous]) does the same for [IdempotentByKey] tools, makes the next
+// attempt look up first for [LookupByNaturalID] tools, and sends
+// [AtMostOnce] tools to [StateNeedsReview]. If the process dies between the
+// claim and the record, the key stays in flight until its lease expires and
+// the reconciler resolves it.
+func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {
+	d, tool, err := c.prepare(call)
+	if err != nil {
+		return Result{}, err
+	}
+	res, row, err := c.claim(ctx, c.store.Executor(), d, call, true)
+	if err != nil {
+		return Result{}, err
+	}
+	attempt := Attempt{
+		Tool:    tool,
+		Request: Request{Key: d.Key, NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args},
+	}
+	switch {
+	case row != nil:
+		attempt.Request.Attempt = int(row.Attempt)
+		attempt.FirstAttemptedAt = row.CreatedAt
+	case res.State == StatePending:
+		// A submitted key no dispatcher has taken yet: take it here.
+		claimed, err := c.claimPending(ctx, d.Key)
+		if errors.Is(err, store.ErrNoRows) {
+			return c.inProgress(ctx, d.Key)
+		}
+		if err != nil {
+			return Result{}, err
+		}
+		attempt.Request.Attempt = int(claimed.Attempt)
+		attempt.Ambiguous = claimed.Ambiguous
+		attempt.FirstAttemptedAt = claimed.FirstAttemptedAt
+		res.State, res.Attempts = StateInFlight, int(claimed.Attempt)
+	case res.State == StateInFlight:
+		return res, &InProgressError{Key: d.Key, RetryAfter: res.RetryAfter}
+	default:
+		return res, nil
+	}
+
+	out := c.RunAttempt(ctx, attempt, p, 0, nil)
+	written, err := c.Record(ctx, []Outcome{out})
+	if err != nil {
+		// The key stays in flight under its lease; the reconciler resolves it.
+		return res, err
+	}
+	if !written[d.Key] {
+		// Our lease was taken over while the provider ran: report what the
+		// store holds instead.
+		return c.get(ctx, c.store.Executor(), d.Key)
+	}
+	res.Attempts = out.Attempt
+	res.RetryAfter = 0
+	switch out.Kind {
+	case OutcomeSucceeded:
+		res.State, res.Response = StateSucceeded, out.Response
+	case OutcomeFailed:
+		res.State, res.Failure = StateFailed, out.Failure
+	case OutcomeNeedsReview:
+		res.State = StateNeedsReview
+	case OutcomeRetry:
+		res.State, res.RetryAfter = StatePending, retryAfterMin
+		return res, fmt.Errorf("%w: %w", ErrProviderFailed, out.Err)
+	}
+	if out.Kind != OutcomeNeedsReview {
+		res.CompletedAt = c.now()
+	}
+	res.UpdatedAt = c.now()
+	return res, nil
+}
+
+func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxClaimKeyRow, error) {
+	var row *dbpgx.OutboxClaimKeyRow
+	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		row, err = q.OutboxClaimKey(ctx, db, &dbpgx.OutboxClaimKeyParams{
+			Key:     string(key),
+			LeaseMs: c.config.Lease.Milliseconds(),
+			Worker:  c.config.WorkerID,
+			Now:     c.nowParam(),
+		})
+		return err
+	})
+	if err != nil && !errors.Is(err, store.ErrNoRows) {
+		return nil, fmt.Errorf("claim pending key: %w", err)
+	}
+	return row, err
+}
+
+func (c *Client[TTx]) inProgress(ctx context.Context, key Key) (Result, error) {
+	res, err := c.get(ctx, c.store.Executor(), key)
+	if err != nil {
+		return res, err
+	}
+	if res.State.InProgress() {
+		return res, &InProgressError{Key: key, RetryAfter: res.RetryAfter}
+	}
+	return res, nil
+}

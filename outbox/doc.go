@@ -1,0 +1,45 @@
+// Package outbox is the core of pgonce: exactly-once effects for
+// side-effecting calls, with PostgreSQL as the arbiter. Ask twice, execute
+// once.
+//
+// # Keys
+//
+// A [Call] describes an intended action: a run id and logical step (or an
+// explicit business key), a tool and its arguments. [DeriveKey] turns it into
+// a versioned, fixed-length idempotency key over the RFC 8785 canonical form
+// of the arguments ([Canonicalize]), so every attempt of the same action gets
+// the same key. KEYSPEC.md specifies the derivation for other languages.
+//
+// # Submitting in your transaction
+//
+// [Client.SubmitTx] claims the key and writes an outbox row inside the
+// caller's own transaction, in one statement:
+//
+//	tx, err := db.BeginTx(ctx, nil)
+//	...
+//	res, err := client.SubmitTx(ctx, tx, outbox.Call{
+//		RunID: runID, Step: 3, Tool: "refund",
+//		Args:  map[string]any{"order": 8842, "amount": "42.00"},
+//	})
+//	...
+//	err = tx.Commit()
+//
+// If the transaction rolls back, so do the key and the row. After commit, a
+// dispatcher (package dispatcher) calls the tool's [Provider] with the key.
+// A duplicate gets the existing key's [Result]: in progress with a
+// retry-after hint, or the stored response replayed byte for byte.
+// [Result.Observation] is what a model should see.
+//
+// # Inline
+//
+// [Client.Do] claims, calls the provider and records the outcome in one call,
+// without a dispatcher. [Client.Get] reads a key; [Client.Wait] blocks until
+// it is final.
+//
+// # Providers and delivery
+//
+// Tools are registered in a [Registry] with a [Delivery] that says how an
+// uncertain attempt is made certain: [IdempotentByKey] providers deduplicate
+// on the key, [LookupByNaturalID] providers are asked before a retry, and
+// [AtMostOnce] providers send the key to review.
+package outbox

@@ -1,0 +1,118 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// ErrKeyConflict is returned by [Client.SubmitTx], [Client.Submit] and
+// [Client.Do] when the key or the logical step is already taken by another
+// request: the same explicit key with other arguments or another tool, or the
+// same run and step asked again with another tool or other arguments. The
+// error is a [*KeyConflictError]. Nothing is written and nothing runs.
+var ErrKeyConflict = errors.New("key conflict")
+
+// ErrInProgress is returned by [Client.Do] when another attempt holds the key;
+// the returned [Result] says when to ask again. The error is an
+// [*InProgressError].
+var ErrInProgress = errors.New("in progress, retry later")
+
+// ErrNotFound is returned by [Client.Get] and [Client.Wait] for a key that
+// was never submitted.
+var ErrNotFound = errors.New("key not found")
+
+// ErrExpired is returned for a key that outlived its retention: only its
+// tombstone remains. The error is an [*ExpiredError] carrying the completion
+// time. Nothing runs again.
+var ErrExpired = errors.New("key expired")
+
+// ErrUnknownTool is returned by submits and [Client.Do] for a tool that is not
+// in the client's [Registry]. Nothing is written.
+var ErrUnknownTool = errors.New("unknown tool")
+
+// ErrInvalidRegistration is returned by [Registry.Register] for a tool that
+// cannot be registered.
+var ErrInvalidRegistration = errors.New("invalid tool registration")
+
+// ErrInvalidConfig is returned by [New] and [NewPgx] for an invalid [Config].
+var ErrInvalidConfig = errors.New("invalid config")
+
+// ErrInvalidSchema is returned by [New] and [NewPgx] for a schema name that is
+// not a plain lower-case identifier.
+var ErrInvalidSchema = ident.ErrInvalidSchema
+
+// ErrNotPgxStdlib is returned by [New] for a *sql.DB opened with a driver
+// other than pgx's stdlib driver.
+var ErrNotPgxStdlib = store.ErrNotPgxStdlib
+
+// ErrSerialization is returned by [Client.SubmitTx] when PostgreSQL aborted
+// the caller's REPEATABLE READ or SERIALIZABLE transaction because another
+// transaction claimed the same key first (SQLSTATE 40001) or by a deadlock
+// (40P01). Roll back and retry the whole transaction: the retry sees the
+// winner's key.
+var ErrSerialization = store.ErrSerialization
+
+// ErrProviderFailed is returned by [Client.Do] when the provider failed in a
+// way that may be retried. The key stays pending: a dispatcher or a later Do
+// retries it.
+var ErrProviderFailed = errors.New("provider failed, retry later")
+
+// KeyConflictError details an [ErrKeyConflict].
+type KeyConflictError struct {
+	// Key is the key the request derived.
+	Key Key
+	// ExistingKey is the key that holds the scope. It equals Key when an
+	// explicit key was reused with another request.
+	ExistingKey Key
+	// Fingerprint is the request's fingerprint (tool and canonical args).
+	Fingerprint string
+	// ExistingFingerprint is the fingerprint stored with ExistingKey.
+	ExistingFingerprint string
+	// ExistingTool is the tool stored with ExistingKey.
+	ExistingTool string
+}
+
+// Error describes the conflict.
+func (e *KeyConflictError) Error() string {
+	return fmt.Sprintf("key conflict: request fingerprint %s, but %s already holds tool %q with fingerprint %s",
+		e.Fingerprint, e.ExistingKey, e.ExistingTool, e.ExistingFingerprint)
+}
+
+// Is matches [ErrKeyConflict].
+func (e *KeyConflictError) Is(target error) bool { return target == ErrKeyConflict }
+
+// ExpiredError details an [ErrExpired].
+type ExpiredError struct {
+	// Key is the expired key.
+	Key Key
+	// CompletedAt is when the key's action completed.
+	CompletedAt time.Time
+}
+
+// Error says when the action ran.
+func (e *ExpiredError) Error() string {
+	return fmt.Sprintf("key expired: %s executed at %s", e.Key, e.CompletedAt.UTC().Format(time.RFC3339))
+}
+
+// Is matches [ErrExpired].
+func (e *ExpiredError) Is(target error) bool { return target == ErrExpired }
+
+// InProgressError details an [ErrInProgress].
+type InProgressError struct {
+	// Key is the key in progress.
+	Key Key
+	// RetryAfter suggests when to ask again.
+	RetryAfter time.Duration
+}
+
+// Error says when to retry.
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("key %s in progress, retry after %s", e.Key, e.RetryAfter)
+}
+
+// Is matches [ErrInProgress].
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }

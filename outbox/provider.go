@@ -1,0 +1,246 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Provider performs a tool's side effect. It is called at most once per
+// attempt, after the attempt's claim is committed, under a deadline shorter
+// than the claim's lease.
+//
+// A provider that honours idempotency keys passes [Request.Key] downstream
+// (for example as an Idempotency-Key header). The returned bytes are stored
+// verbatim and replayed to every duplicate. Return [Permanent] for a failure
+// that must not be retried, [Ambiguous] when the effect may or may not have
+// happened, and any other error for a failure known to have changed nothing.
+type Provider interface {
+	Call(ctx context.Context, req Request) (json.RawMessage, error)
+}
+
+// ProviderFunc adapts a function to [Provider].
+type ProviderFunc func(ctx context.Context, req Request) (json.RawMessage, error)
+
+// Call calls f.
+func (f ProviderFunc) Call(ctx context.Context, req Request) (json.RawMessage, error) {
+	return f(ctx, req)
+}
+
+// Lookuper is implemented by providers that can answer "did the action with
+// this natural id happen?" It is required for [LookupByNaturalID] tools: after
+// an ambiguous attempt, Lookup runs before any new call (read before write).
+type Lookuper interface {
+	Lookup(ctx context.Context, req Request) (resp json.RawMessage, found bool, err error)
+}
+
+// Request is what a provider receives for one attempt.
+type Request struct {
+	// Key is the action's idempotency key; pass it downstream.
+	Key Key
+	// NaturalID is the caller's deterministic id for the action, if any.
+	NaturalID string
+	// Tool is the registered tool name.
+	Tool string
+	// Args are the RFC 8785 canonical bytes of the call's arguments.
+	Args json.RawMessage
+	// Attempt counts from 1.
+	Attempt int
+}
+
+// Delivery says how a tool's outcome is made certain after an attempt whose
+// outcome is unknown (a crash, or a timeout after the request was sent).
+type Delivery int
+
+const (
+	// IdempotentByKey tools deduplicate on the key passed downstream: an
+	// uncertain attempt is simply tried again with the same key, within the
+	// provider's key-retention window ([ToolOpts.KeyRetention]).
+	IdempotentByKey Delivery = iota
+	// LookupByNaturalID tools can be asked whether the action happened: an
+	// uncertain attempt is followed by a lookup, and a call only when the
+	// lookup finds nothing. The provider must implement [Lookuper].
+	LookupByNaturalID
+	// AtMostOnce tools can do neither: an uncertain attempt sends the key to
+	// [StateNeedsReview], and nothing runs until an operator resolves it.
+	AtMostOnce
+)
+
+// String returns the delivery's name.
+func (d Delivery) String() string {
+	switch d {
+	case IdempotentByKey:
+		return "idempotent_by_key"
+	case LookupByNaturalID:
+		return "lookup_by_natural_id"
+	case AtMostOnce:
+		return "at_most_once"
+	}
+	return fmt.Sprintf("Delivery(%d)", int(d))
+}
+
+// ToolOpts are optional settings of one tool.
+type ToolOpts struct {
+	// KeyRetention is how long the provider itself remembers an idempotency
+	// key (Stripe: 24 hours). Past it, retrying by key is no longer safe: an
+	// uncertain attempt is then looked up when the provider is a [Lookuper],
+	// and sent to review otherwise. Zero means the provider never forgets.
+	KeyRetention time.Duration
+	// Retention is how long a finished key of this tool, with its response,
+	// is kept. Zero means [Config.Retention].
+	Retention time.Duration
+}
+
+// Tool is a registered tool.
+type Tool struct {
+	// Name is the tool's name as used in [Call.Tool].
+	Name string
+	// Provider performs the tool's effect.
+	Provider Provider
+	// Delivery says how an uncertain attempt is resolved.
+	Delivery Delivery
+	// Opts are the tool's settings; never nil.
+	Opts *ToolOpts
+}
+
+// Registry maps tool names to providers. It is safe for concurrent use, and
+// tools may be registered after a client was created with it.
+type Registry struct {
+	mu    sync.RWMutex
+	tools map[string]*Tool
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{tools: make(map[string]*Tool)}
+}
+
+// Register adds tool with its provider and delivery mode. See
+// [Registry.RegisterWithOpts].
+func (r *Registry) Register(tool string, p Provider, d Delivery) error {
+	return r.RegisterWithOpts(tool, p, d, nil)
+}
+
+// RegisterWithOpts adds tool with its provider, delivery mode and settings.
+// It returns an error matching [ErrInvalidRegistration], and registers
+// nothing, for an invalid tool name, a nil provider, an unknown delivery, a
+// [LookupByNaturalID] provider that does not implement [Lookuper], negative
+// durations, or a name already registered.
+func (r *Registry) RegisterWithOpts(tool string, p Provider, d Delivery, opts *ToolOpts) error {
+	if opts == nil {
+		opts = &ToolOpts{}
+	}
+	switch {
+	case !validToolName(tool):
+		return fmt.Errorf("%w: tool name %q must match %s", ErrInvalidRegistration, tool, toolNamePattern)
+	case p == nil:
+		return fmt.Errorf("%w: tool %q: provider must not be nil", ErrInvalidRegistration, tool)
+	case d < IdempotentByKey || d > AtMostOnce:
+		return fmt.Errorf("%w: tool %q: unknown delivery %d", ErrInvalidRegistration, tool, int(d))
+	case opts.KeyRetention < 0 || opts.Retention < 0:
+		return fmt.Errorf("%w: tool %q: retentions must not be negative", ErrInvalidRegistration, tool)
+	}
+	if _, ok := p.(Lookuper); d == LookupByNaturalID && !ok {
+		return fmt.Errorf("%w: tool %q: a LookupByNaturalID provider must implement outbox.Lookuper", ErrInvalidRegistration, tool)
+	}
+	optsCopy := *opts
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tools == nil {
+		r.tools = make(map[string]*Tool)
+	}
+	if _, ok := r.tools[tool]; ok {
+		return fmt.Errorf("%w: tool %q is already registered", ErrInvalidRegistration, tool)
+	}
+	r.tools[tool] = &Tool{Name: tool, Provider: p, Delivery: d, Opts: &optsCopy}
+	return nil
+}
+
+// Lookup returns the registered tool named name, or nil.
+func (r *Registry) Lookup(name string) *Tool {
+	if r == nil {
+		return nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.tools[name]
+}
+
+// Names returns the names of the registered tools, in no particular order.
+func (r *Registry) Names() []string {
+	if r == nil {
+		return nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.tools))
+	for name := range r.tools {
+		names = append(names, name)
+	}
+	return names
+}
+
+// PermanentError marks a provider failure that must not be retried. It is
+// stored as the key's failure and replayed to every duplicate.
+type PermanentError struct {
+	Err error
+}
+
+// Permanent wraps err as a failure that must not be retried.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// Error returns the wrapped error's text.
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// AmbiguousError marks a provider failure after which the effect may or may
+// not have happened, such as a timeout after the request was sent.
+type AmbiguousError struct {
+	Err error
+}
+
+// Ambiguous wraps err as a failure whose effect is unknown. Context deadline
+// and cancellation errors from a provider are treated as ambiguous without
+// it.
+func Ambiguous(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &AmbiguousError{Err: err}
+}
+
+// Error returns the wrapped error's text.
+func (e *AmbiguousError) Error() string { return "ambiguous: " + e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *AmbiguousError) Unwrap() error { return e.Err }
+
+// IsAmbiguous reports whether err leaves a provider's effect unknown: an
+// [AmbiguousError], or a context deadline or cancellation.
+func IsAmbiguous(err error) bool {
+	var ambiguous *AmbiguousError
+	return errors.As(err, &ambiguous) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// failureBody is the JSON stored for a permanent failure.
+func failureBody(err error) json.RawMessage {
+	var permanent *PermanentError
+	if errors.As(err, &permanent) {
+		err = permanent.Err
+	}
+	body, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{Error: err.Error()})
+	return body
+}

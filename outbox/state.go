@@ -1,0 +1,43 @@
+package outbox
+
+// State is where a key stands.
+type State string
+
+const (
+	// StatePending means the key is claimed and waits for a dispatcher:
+	// nothing has run yet, or a failed attempt waits for its retry.
+	StatePending State = "pending"
+	// StateInFlight means an attempt holds the key under a lease and its provider
+	// may be running.
+	StateInFlight State = "in_flight"
+	// StateSucceeded means the provider's response is stored and replayed.
+	StateSucceeded State = "succeeded"
+	// StateFailed means a permanent failure is stored and replayed.
+	StateFailed State = "failed"
+	// StateNeedsReview means nobody could determine the outcome; nothing runs
+	// until an operator resolves the key.
+	StateNeedsReview State = "needs_review"
+	// StateExpired means the key outlived its retention; only a tombstone with
+	// the completion time remains, and the action never runs again.
+	StateExpired State = "expired"
+)
+
+// Terminal reports whether s is final: succeeded, failed or expired. A
+// needs-review key is not final, since an operator may still send it back.
+func (s State) Terminal() bool {
+	return s == StateSucceeded || s == StateFailed || s == StateExpired
+}
+
+// InProgress reports whether s is pending or in flight.
+func (s State) InProgress() bool {
+	return s == StatePending || s == StateInFlight
+}
+
+// Stored key states, as the pgonce_key.state column holds them. Pending and
+// in flight are both "open"; the key's outbox row tells them apart.
+const (
+	dbStateOpen        = "open"
+	dbStateSucceeded   = "succeeded"
+	dbStateFailed      = "failed"
+	dbStateNeedsReview = "needs_review"
+)

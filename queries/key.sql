@@ -1,0 +1,145 @@
+-- name: KeyInsert :one
+-- KeyInsert writes the key claim and its outbox row in one statement, and
+-- notifies dispatchers when the row is pending. ON CONFLICT DO NOTHING has no
+-- target, so it covers both the key and the scope. A caller that gets no row
+-- reads the existing one with KeyGetByKeyOrScope in a new statement: under
+-- READ COMMITTED only a new statement's snapshot sees a row that another
+-- transaction committed while this insert waited on the unique index.
+-- With a lease the row is claimed in flight at once (the inline Do path).
+WITH inserted AS (
+    INSERT INTO pgonce_key (
+        key,
+        scope,
+        tenant,
+        run_id,
+        step,
+        business_key,
+        tool,
+        natural_id,
+        fingerprint,
+        args,
+        created_at,
+        updated_at
+    )
+    SELECT
+        @key::text,
+        @scope::text,
+        @tenant::text,
+        @run_id::text,
+        @step::bigint,
+        @business_key::text,
+        @tool::text,
+        @natural_id::text,
+        @fingerprint::text,
+        @args::bytea,
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        coalesce(sqlc.narg('now')::timestamptz, now())
+    WHERE NOT EXISTS (
+        SELECT 1
+        FROM pgonce_tombstone
+        WHERE pgonce_tombstone.key = @key::text
+            OR pgonce_tombstone.scope = @scope::text
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.tool,
+        pgonce_key.created_at
+),
+queued AS (
+    INSERT INTO pgonce_outbox (
+        key,
+        tool,
+        available_at,
+        attempt,
+        lease_until,
+        worker,
+        first_attempted_at,
+        created_at
+    )
+    SELECT
+        inserted.key,
+        inserted.tool,
+        inserted.created_at,
+        CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN 0 ELSE 1 END,
+        inserted.created_at + sqlc.narg('lease_ms')::bigint * interval '1 millisecond',
+        sqlc.narg('worker')::text,
+        CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN NULL ELSE inserted.created_at END,
+        inserted.created_at
+    FROM inserted
+    RETURNING
+        pgonce_outbox.key,
+        pgonce_outbox.attempt,
+        pgonce_outbox.lease_until
+),
+-- A SELECT in WITH runs only when referenced, hence the count below.
+notified AS (
+    SELECT pg_notify(@channel::text, '')
+    FROM queued
+    WHERE queued.lease_until IS NULL
+        AND @channel::text <> ''
+)
+SELECT
+    inserted.created_at,
+    queued.attempt,
+    queued.lease_until,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM inserted
+JOIN queued ON queued.key = inserted.key;
+
+-- name: KeyGetByKeyOrScope :one
+-- KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same
+-- key, or another action in the same scope.
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    pgonce_key.tenant,
+    pgonce_key.run_id,
+    pgonce_key.step,
+    pgonce_key.business_key,
+    pgonce_key.tool,
+    pgonce_key.natural_id,
+    pgonce_key.fingerprint,
+    pgonce_key.state,
+    pgonce_key.attempt,
+    pgonce_key.response,
+    pgonce_key.failure,
+    pgonce_key.created_at,
+    pgonce_key.updated_at,
+    pgonce_key.completed_at,
+    pgonce_key.expires_at,
+    pgonce_outbox.attempt AS outbox_attempt,
+    pgonce_outbox.available_at,
+    pgonce_outbox.lease_until
+FROM pgonce_key
+LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
+WHERE pgonce_key.key = @key::text
+    OR pgonce_key.scope = @scope::text
+ORDER BY pgonce_key.key = @key::text DESC
+LIMIT 1;
+
+-- name: KeyGet :one
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    pgonce_key.tenant,
+    pgonce_key.run_id,
+    pgonce_key.step,
+    pgonce_key.business_key,
+    pgonce_key.tool,
+    pgonce_key.natural_id,
+    pgonce_key.fingerprint,
+    pgonce_key.state,
+    pgonce_key.attempt,
+    pgonce_key.response,
+    pgonce_key.failure,
+    pgonce_key.created_at,
+    pgonce_key.updated_at,
+    pgonce_key.completed_at,
+    pgonce_key.expires_at,
+    pgonce_outbox.attempt AS outbox_attempt,
+    pgonce_outbox.available_at,
+    pgonce_outbox.lease_until
+FROM pgonce_key
+LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
+WHERE pgonce_key.key = @key::text;

@@ -1,0 +1,154 @@
+-- name: OutboxClaimBatch :many
+-- OutboxClaimBatch claims up to max due pending rows of the given tools: it
+-- marks them in flight under a lease that ends by the database clock, and
+-- returns what the provider call needs. SKIP LOCKED lets any number of
+-- dispatchers claim side by side without waiting on each other.
+WITH due AS (
+    SELECT pgonce_outbox.key
+    FROM pgonce_outbox
+    WHERE pgonce_outbox.lease_until IS NULL
+        AND pgonce_outbox.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_outbox.tool = any(@tools::text[])
+    ORDER BY pgonce_outbox.available_at
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE pgonce_outbox
+    SET
+        attempt = pgonce_outbox.attempt + 1,
+        lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
+        worker = @worker::text,
+        first_attempted_at = coalesce(pgonce_outbox.first_attempted_at, sqlc.narg('now')::timestamptz, now())
+    FROM due
+    WHERE pgonce_outbox.key = due.key
+    RETURNING
+        pgonce_outbox.key,
+        pgonce_outbox.tool,
+        pgonce_outbox.attempt,
+        pgonce_outbox.ambiguous,
+        pgonce_outbox.first_attempted_at,
+        pgonce_outbox.lease_until
+)
+SELECT
+    claimed.key,
+    claimed.tool,
+    claimed.attempt,
+    claimed.ambiguous,
+    claimed.first_attempted_at::timestamptz AS first_attempted_at,
+    claimed.lease_until::timestamptz AS lease_until,
+    pgonce_key.natural_id,
+    pgonce_key.args
+FROM claimed
+JOIN pgonce_key ON pgonce_key.key = claimed.key
+ORDER BY claimed.key;
+
+-- name: OutboxClaimKey :one
+-- OutboxClaimKey claims one pending key for the inline path. A concurrent
+-- claimer waits on the row lock, then finds the lease taken and gets no row.
+UPDATE pgonce_outbox
+SET
+    attempt = pgonce_outbox.attempt + 1,
+    lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
+    worker = @worker::text,
+    first_attempted_at = coalesce(pgonce_outbox.first_attempted_at, sqlc.narg('now')::timestamptz, now())
+WHERE pgonce_outbox.key = @key::text
+    AND pgonce_outbox.lease_until IS NULL
+RETURNING
+    pgonce_outbox.attempt,
+    pgonce_outbox.ambiguous,
+    pgonce_outbox.first_attempted_at::timestamptz AS first_attempted_at,
+    pgonce_outbox.lease_until::timestamptz AS lease_until;
+
+-- name: OutboxRelease :many
+-- OutboxRelease puts attempts that may be tried again back to pending, after
+-- their backoff, several at once. Each release is fenced by its attempt, as
+-- in KeyFinish. ambiguous records that the attempt may have acted, so that
+-- the next one reads before it writes.
+WITH released AS (
+    SELECT
+        unnest(@key::text[]) AS key,
+        unnest(@attempt::integer[]) AS attempt,
+        unnest(@delay_ms::bigint[]) AS delay_ms,
+        unnest(@ambiguous::boolean[]) AS ambiguous,
+        unnest(@last_error::text[]) AS last_error
+),
+updated AS (
+    UPDATE pgonce_outbox
+    SET
+        lease_until = NULL,
+        worker = NULL,
+        available_at = coalesce(sqlc.narg('now')::timestamptz, now()) + released.delay_ms * interval '1 millisecond',
+        ambiguous = released.ambiguous,
+        last_error = released.last_error
+    FROM released
+    WHERE pgonce_outbox.key = released.key
+        AND pgonce_outbox.attempt = released.attempt
+        AND pgonce_outbox.lease_until IS NOT NULL
+    RETURNING pgonce_outbox.key
+),
+notified AS (
+    SELECT pg_notify(@channel::text, '')
+    FROM updated
+    WHERE @channel::text <> ''
+    LIMIT 1
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated;
+
+-- name: OutboxFinish :many
+-- OutboxFinish records the outcomes of finished attempts, several at once. Each
+-- outcome is fenced by its attempt: only the outbox row that still holds that
+-- attempt under a lease is retired, and only a retired row's key is written,
+-- so a late writer whose lease was taken over changes nothing. Terminal
+-- outcomes start the retention of the key; needs_review keeps the key without one.
+WITH outcome AS (
+    SELECT
+        unnest(@key::text[]) AS key,
+        unnest(@attempt::integer[]) AS attempt,
+        unnest(@state::text[]) AS state,
+        unnest(@response::bytea[]) AS response,
+        unnest(@failure::bytea[]) AS failure,
+        unnest(@retention_ms::bigint[]) AS retention_ms
+),
+retired AS (
+    DELETE FROM pgonce_outbox
+    USING outcome
+    WHERE pgonce_outbox.key = outcome.key
+        AND pgonce_outbox.attempt = outcome.attempt
+        AND pgonce_outbox.lease_until IS NOT NULL
+    RETURNING
+        pgonce_outbox.key,
+        pgonce_outbox.attempt
+),
+updated AS (
+    UPDATE pgonce_key
+    SET
+        state = outcome.state,
+        response = outcome.response,
+        failure = outcome.failure,
+        attempt = retired.attempt,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        completed_at = CASE
+            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())
+        END,
+        expires_at = CASE
+            WHEN outcome.state IN ('succeeded', 'failed')
+                THEN coalesce(sqlc.narg('now')::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+        END
+    FROM outcome
+    JOIN retired ON retired.key = outcome.key
+    WHERE pgonce_key.key = outcome.key
+    RETURNING pgonce_key.key
+),
+notified AS (
+    SELECT pg_notify(@channel::text, updated.key)
+    FROM updated
+    WHERE @channel::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated;
