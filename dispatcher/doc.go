@@ -1,4 +1,42 @@
-// Package dispatcher claims pending outbox rows with FOR UPDATE SKIP LOCKED,
-// commits the in-flight claim, calls each row's provider under a lease, and
-// persists the outcome.
+// Package dispatcher runs the calls that clients submit: it claims due
+// outbox rows, calls each row's provider under a lease, and records the
+// outcome.
+//
+//	d, err := dispatcher.New(client, dispatcher.Config{Concurrency: 32})
+//	if err != nil {
+//		return err
+//	}
+//	go func() { _ = d.Run(ctx) }() // blocks until ctx is done, then drains
+//
+// # Claims and leases
+//
+// A claim takes up to [Config.BatchSize] due pending rows of the tools in the
+// client's registry in one statement with FOR UPDATE SKIP LOCKED, marks them
+// in flight under a lease that ends by the database's clock, and commits
+// before any provider is called: no transaction is held across a network
+// call. Each provider call runs under [Config.CallTimeout], shorter than the
+// lease, so a live worker never outlives its claim. Rows of tools this
+// process does not register are left for processes that do; rows nobody
+// serves for [Config.UnservedAfter] are reported.
+//
+// # Outcomes
+//
+// A response is stored verbatim and the row retired; [outbox.Permanent] is
+// stored as the failure; other errors go back to pending after an
+// exponential, jittered backoff until [Config.MaxAttempts], after which the
+// key fails with the last error. A panic is recovered and retried. After an
+// uncertain attempt ([outbox.IsAmbiguous]) the tool's [outbox.Delivery]
+// decides: retry with the same key, look up before writing, or send the key
+// to review. Outcomes that finish together are recorded in one statement,
+// each fenced by its attempt, so a worker whose lease was taken over changes
+// nothing.
+//
+// # Wake-ups and shutdown
+//
+// Submitting transactions notify; the dispatcher listens and wakes within
+// milliseconds of a commit, and polls every [Config.PollInterval] for rows
+// whose backoff elapsed or whose notification was lost. The listener
+// reconnects after a dropped connection. When Run's context is done it stops
+// claiming, lets calls in flight finish for [Config.ShutdownTimeout], records
+// them, and returns; calls cut off stay in flight for the reconciler.
 package dispatcher

@@ -152,3 +152,17 @@ SELECT
     updated.key,
     (SELECT count(*) FROM notified)::bigint AS notified
 FROM updated;
+
+-- name: OutboxCountUnserved :many
+-- OutboxCountUnserved counts pending rows, per tool, of tools outside the
+-- given list that have waited longer than the given age: work nobody serves.
+SELECT
+    pgonce_outbox.tool,
+    count(*)::bigint AS waiting,
+    min(pgonce_outbox.created_at)::timestamptz AS oldest
+FROM pgonce_outbox
+WHERE pgonce_outbox.lease_until IS NULL
+    AND NOT (pgonce_outbox.tool = any(@tools::text[]))
+    AND pgonce_outbox.created_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond'
+GROUP BY pgonce_outbox.tool
+ORDER BY pgonce_outbox.tool;

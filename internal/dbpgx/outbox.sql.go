@@ -159,6 +159,53 @@ func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimK
 	return &i, err
 }
 
+const outboxCountUnserved = `-- name: OutboxCountUnserved :many
+SELECT
+    pgonce_outbox.tool,
+    count(*)::bigint AS waiting,
+    min(pgonce_outbox.created_at)::timestamptz AS oldest
+FROM pgonce_outbox
+WHERE pgonce_outbox.lease_until IS NULL
+    AND NOT (pgonce_outbox.tool = any($1::text[]))
+    AND pgonce_outbox.created_at < coalesce($2::timestamptz, now()) - $3::bigint * interval '1 millisecond'
+GROUP BY pgonce_outbox.tool
+ORDER BY pgonce_outbox.tool
+`
+
+type OutboxCountUnservedParams struct {
+	Tools []string
+	Now   *time.Time
+	AgeMs int64
+}
+
+type OutboxCountUnservedRow struct {
+	Tool    string
+	Waiting int64
+	Oldest  time.Time
+}
+
+// OutboxCountUnserved counts pending rows, per tool, of tools outside the
+// given list that have waited longer than the given age: work nobody serves.
+func (q *Queries) OutboxCountUnserved(ctx context.Context, db DBTX, arg *OutboxCountUnservedParams) ([]*OutboxCountUnservedRow, error) {
+	rows, err := db.Query(ctx, outboxCountUnserved, arg.Tools, arg.Now, arg.AgeMs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OutboxCountUnservedRow
+	for rows.Next() {
+		var i OutboxCountUnservedRow
+		if err := rows.Scan(&i.Tool, &i.Waiting, &i.Oldest); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const outboxFinish = `-- name: OutboxFinish :many
 WITH outcome AS (
     SELECT

@@ -1,0 +1,123 @@
+package dispatcher
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// Defaults of [Config].
+const (
+	ConcurrencyDefault     = 32
+	BatchSizeDefault       = 100
+	PollIntervalDefault    = time.Second
+	MaxAttemptsDefault     = 25
+	BackoffMinDefault      = time.Second
+	BackoffMaxDefault      = 10 * time.Minute
+	ShutdownTimeoutDefault = 30 * time.Second
+	UnservedAfterDefault   = time.Hour
+)
+
+// ErrInvalidConfig is returned by [New] for an invalid [Config].
+var ErrInvalidConfig = errors.New("invalid dispatcher config")
+
+// Config configures a [Dispatcher]. Its zero value works: every field has a
+// default.
+type Config struct {
+	// Concurrency is how many provider calls run at once. Defaults to
+	// [ConcurrencyDefault].
+	Concurrency int
+
+	// BatchSize is the most rows one claim takes. A claim never takes more
+	// rows than there are free call slots. Defaults to [BatchSizeDefault].
+	BatchSize int
+
+	// CallTimeout is the deadline of one provider call. Defaults to the
+	// client's [outbox.Config.CallTimeout].
+	CallTimeout time.Duration
+
+	// Lease is how long a claim holds its row, by the database's clock. It
+	// must exceed CallTimeout by at least [outbox.LeaseMarginMin], so that a
+	// live worker never outlives its lease. Defaults to CallTimeout + 30s.
+	Lease time.Duration
+
+	// PollInterval is how often the dispatcher looks for due rows when no
+	// notification wakes it: rows whose backoff elapsed, and work whose
+	// notification was lost. Defaults to [PollIntervalDefault].
+	PollInterval time.Duration
+
+	// MaxAttempts is the attempt after which a retryable failure becomes
+	// final: the key fails with the last error stored. Defaults to
+	// [MaxAttemptsDefault].
+	MaxAttempts int
+
+	// BackoffMin and BackoffMax bound the delay before a retry. The delay
+	// doubles with every attempt from BackoffMin, is capped at BackoffMax,
+	// and is jittered to between half and all of that. Default to
+	// [BackoffMinDefault] and [BackoffMaxDefault].
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+
+	// BackoffFunc, when set, replaces the policy above: it returns the delay
+	// before the retry that follows attempt (from 1).
+	BackoffFunc func(attempt int) time.Duration
+
+	// ShutdownTimeout is how long Run lets calls in flight finish once its
+	// context is done. Calls still running then are cancelled and their rows
+	// stay in flight until their lease expires and the reconciler resolves
+	// them. Defaults to [ShutdownTimeoutDefault].
+	ShutdownTimeout time.Duration
+
+	// UnservedAfter is how long a pending row of a tool that this process
+	// does not serve may wait before it is reported (logged as a warning):
+	// work that no process serves. -1 disables the report. Defaults to
+	// [UnservedAfterDefault].
+	UnservedAfter time.Duration
+
+	// Logger receives the dispatcher's logs. Defaults to the client's.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults(client outbox.Config) Config {
+	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.CallTimeout = cmp.Or(c.CallTimeout, client.CallTimeout)
+	c.Lease = cmp.Or(c.Lease, c.CallTimeout+30*time.Second)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
+	c.BackoffMin = cmp.Or(c.BackoffMin, BackoffMinDefault)
+	c.BackoffMax = cmp.Or(c.BackoffMax, BackoffMaxDefault)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
+	c.UnservedAfter = cmp.Or(c.UnservedAfter, UnservedAfterDefault)
+	c.Logger = cmp.Or(c.Logger, client.Logger)
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Concurrency < 1:
+		return fmt.Errorf("%w: Concurrency must be at least 1", ErrInvalidConfig)
+	case c.BatchSize < 1 || c.BatchSize > 10_000:
+		return fmt.Errorf("%w: BatchSize must be between 1 and 10000", ErrInvalidConfig)
+	case c.CallTimeout <= 0:
+		return fmt.Errorf("%w: CallTimeout must be positive", ErrInvalidConfig)
+	case c.Lease < c.CallTimeout+outbox.LeaseMarginMin:
+		return fmt.Errorf("%w: Lease (%s) must exceed CallTimeout (%s) by at least %s",
+			ErrInvalidConfig, c.Lease, c.CallTimeout, outbox.LeaseMarginMin)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("%w: PollInterval must be at least 1ms", ErrInvalidConfig)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("%w: MaxAttempts must be at least 1", ErrInvalidConfig)
+	case c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("%w: BackoffMin must not be negative nor above BackoffMax", ErrInvalidConfig)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("%w: ShutdownTimeout must not be negative", ErrInvalidConfig)
+	case c.UnservedAfter < -1:
+		return fmt.Errorf("%w: UnservedAfter must be positive, or -1 to disable", ErrInvalidConfig)
+	}
+	return nil
+}

@@ -1,0 +1,311 @@
+package dispatcher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mathrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// Dispatcher claims due outbox rows and runs their providers. Any number of
+// dispatchers, in any number of processes, may share one schema: claims use
+// FOR UPDATE SKIP LOCKED, so no row is claimed twice, and every claim is
+// committed before its provider is called.
+type Dispatcher[TTx any] struct {
+	client   *outbox.Client[TTx]
+	store    *store.Store
+	registry *outbox.Registry
+	config   Config
+	logger   *slog.Logger
+	workerID string
+
+	running sync.Mutex
+}
+
+// New returns a dispatcher for the tools in client's registry. It returns
+// [ErrInvalidConfig] for an invalid config.
+func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: client must not be nil", ErrInvalidConfig)
+	}
+	clientConfig := client.Config()
+	config = config.withDefaults(clientConfig)
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	return &Dispatcher[TTx]{
+		client:   client,
+		store:    client.Store(),
+		registry: clientConfig.Registry,
+		config:   config,
+		logger:   config.Logger,
+		workerID: clientConfig.WorkerID + ":" + hex.EncodeToString(suffix[:]),
+	}, nil
+}
+
+// WorkerID is the id this dispatcher writes into the leases it holds.
+func (d *Dispatcher[TTx]) WorkerID() string { return d.workerID }
+
+// Run claims and runs due rows until ctx is done. It then stops claiming,
+// lets calls in flight finish for up to [Config.ShutdownTimeout], records
+// what finished, and returns nil. Rows whose calls did not finish stay in
+// flight until their lease expires and the reconciler resolves them.
+//
+// Database errors are logged and retried; Run returns an error only when it
+// is already running.
+func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
+	if !d.running.TryLock() {
+		return errors.New("dispatcher is already running")
+	}
+	defer d.running.Unlock()
+
+	wake := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+
+	var background sync.WaitGroup
+	listenCtx, stopListening := context.WithCancel(ctx)
+	defer func() {
+		stopListening()
+		background.Wait()
+	}()
+	if !d.client.Config().NotifyDisabled {
+		background.Add(1)
+		go func() {
+			defer background.Done()
+			d.listen(listenCtx, signal)
+		}()
+	}
+
+	// Provider calls outlive ctx by up to ShutdownTimeout; hardStop ends
+	// them after that.
+	callCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardStop()
+
+	outcomes := make(chan outbox.Outcome, d.config.Concurrency)
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		d.record(outcomes)
+	}()
+
+	slots := make(chan struct{}, d.config.Concurrency)
+	var workers sync.WaitGroup
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	lastUnservedCheck := time.Time{}
+
+	for ctx.Err() == nil {
+		free := cap(slots) - len(slots)
+		claimed := 0
+		if free > 0 {
+			attempts, err := d.claim(ctx, min(free, d.config.BatchSize))
+			if err != nil && ctx.Err() == nil {
+				d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err)
+			}
+			claimed = len(attempts)
+			for _, attempt := range attempts {
+				slots <- struct{}{}
+				workers.Add(1)
+				go func() {
+					defer workers.Done()
+					defer func() { <-slots; signal() }()
+					out := d.client.RunAttempt(callCtx, attempt, nil, d.config.CallTimeout, d.backoff)
+					if callCtx.Err() != nil {
+						// Cut off by the shutdown timeout: whether the
+						// provider acted is unknown, and the reconciler
+						// decides once the lease expires.
+						return
+					}
+					outcomes <- out
+				}()
+			}
+		}
+		if d.config.UnservedAfter > 0 && time.Since(lastUnservedCheck) > min(d.config.UnservedAfter, time.Minute) {
+			lastUnservedCheck = time.Now()
+			d.reportUnserved(ctx)
+		}
+		if claimed > 0 && claimed == min(free, d.config.BatchSize) {
+			continue // a full batch: more is likely due
+		}
+		if !poll.Stop() {
+			select {
+			case <-poll.C:
+			default:
+			}
+		}
+		poll.Reset(d.config.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-poll.C:
+		}
+	}
+
+	// Shutdown: no more claims; let calls in flight finish.
+	finished := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-time.After(d.config.ShutdownTimeout):
+		d.logger.Warn("pgonce: shutdown timeout; calls still running stay in flight for the reconciler",
+			"running", len(slots))
+		hardStop()
+		<-finished
+	}
+	close(outcomes)
+	<-recorded
+	return nil
+}
+
+func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attempt, error) {
+	tools := d.registry.Names()
+	if len(tools) == 0 {
+		return nil, nil
+	}
+	var rows []*dbpgx.OutboxClaimBatchRow
+	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		rows, err = q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
+			Tools:   tools,
+			MaxRows: int32(limit), //nolint:gosec // bounded by BatchSize
+			LeaseMs: d.config.Lease.Milliseconds(),
+			Worker:  d.workerID,
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	attempts := make([]outbox.Attempt, 0, len(rows))
+	for _, row := range rows {
+		attempts = append(attempts, outbox.Attempt{
+			Tool: d.registry.Lookup(row.Tool),
+			Request: outbox.Request{
+				Key:       outbox.Key(row.Key),
+				NaturalID: row.NaturalID,
+				Tool:      row.Tool,
+				Args:      row.Args,
+				Attempt:   int(row.Attempt),
+			},
+			Ambiguous:        row.Ambiguous,
+			FirstAttemptedAt: row.FirstAttemptedAt,
+			MaxAttempts:      d.config.MaxAttempts,
+		})
+	}
+	return attempts, nil
+}
+
+// record persists outcomes as they arrive, several in one statement when
+// several finished together.
+func (d *Dispatcher[TTx]) record(outcomes <-chan outbox.Outcome) {
+	const maxBatch = 256
+	batch := make([]outbox.Outcome, 0, maxBatch)
+	for first := range outcomes {
+		batch = append(batch[:0], first)
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case o, ok := <-outcomes:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, o)
+			default:
+				break drain
+			}
+		}
+		if _, err := d.client.Record(context.Background(), batch); err != nil {
+			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
+				"error", err, "outcomes", len(batch))
+		}
+		for _, o := range batch {
+			if o.Kind == outbox.OutcomeRetry {
+				d.logger.Debug("pgonce: attempt failed, will retry", "key", o.Key, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
+			}
+		}
+	}
+}
+
+// backoff returns the delay before the retry after attempt: doubling from
+// BackoffMin, capped at BackoffMax, jittered to between half and all of it.
+func (d *Dispatcher[TTx]) backoff(attempt int) time.Duration {
+	if d.config.BackoffFunc != nil {
+		return d.config.BackoffFunc(attempt)
+	}
+	delay := d.config.BackoffMin
+	for i := 1; i < attempt && delay < d.config.BackoffMax; i++ {
+		delay *= 2
+	}
+	delay = min(delay, d.config.BackoffMax)
+	if delay <= 1 {
+		return delay
+	}
+	half := delay / 2
+	return half + mathrand.N(delay-half+1)
+}
+
+// listen wakes the claim loop on every notification of new work, and
+// reconnects with a backoff when its connection drops.
+func (d *Dispatcher[TTx]) listen(ctx context.Context, wake func()) {
+	retry := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := d.store.Listen(ctx, []string{d.store.WorkChannel}, func() {
+			retry = 100 * time.Millisecond
+			wake() // catch up on what arrived while not listening
+		}, func(*pgconn.Notification) { wake() })
+		if ctx.Err() != nil {
+			return
+		}
+		d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
+			"error", err, "retry_in", retry)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, 5*time.Second)
+	}
+}
+
+func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
+	var rows []*dbpgx.OutboxCountUnservedRow
+	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		rows, err = q.OutboxCountUnserved(ctx, db, &dbpgx.OutboxCountUnservedParams{
+			Tools: d.registry.Names(),
+			AgeMs: d.config.UnservedAfter.Milliseconds(),
+		})
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.ErrorContext(ctx, "pgonce: counting unserved rows failed", "error", err)
+		}
+		return
+	}
+	for _, row := range rows {
+		d.logger.WarnContext(ctx, "pgonce: pending rows of a tool no dispatcher here serves",
+			"tool", row.Tool, "waiting", row.Waiting, "oldest", row.Oldest)
+	}
+}

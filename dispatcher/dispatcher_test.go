@@ -1,0 +1,434 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// ledger is a provider that records every effect it performs, per key.
+type ledger struct {
+	mu      sync.Mutex
+	effects map[outbox.Key]int
+	calls   map[outbox.Key]int
+	// actFunc decides, per call, whether the effect happens and what the
+	// call returns. nil: act and succeed.
+	actFunc func(req outbox.Request) (act bool, err error)
+	lookups atomic.Int64
+}
+
+func newLedger() *ledger {
+	return &ledger{effects: map[outbox.Key]int{}, calls: map[outbox.Key]int{}}
+}
+
+func (l *ledger) Call(_ context.Context, req outbox.Request) (json.RawMessage, error) {
+	act, err := true, error(nil)
+	if l.actFunc != nil {
+		act, err = l.actFunc(req)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls[req.Key]++
+	if act {
+		l.effects[req.Key]++
+	}
+	if err != nil {
+		return nil, err
+	}
+	return json.RawMessage(fmt.Sprintf(`{"key":%q,"attempt":%d}`, req.Key, req.Attempt)), nil
+}
+
+func (l *ledger) Lookup(_ context.Context, req outbox.Request) (json.RawMessage, bool, error) {
+	l.lookups.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.effects[req.Key] == 0 {
+		return nil, false, nil
+	}
+	return json.RawMessage(fmt.Sprintf(`{"key":%q,"found":true}`, req.Key)), true, nil
+}
+
+func (l *ledger) count(key outbox.Key) (calls, effects int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls[key], l.effects[key]
+}
+
+type testBundle struct {
+	client   *outbox.Client[pgx.Tx]
+	ledger   *ledger
+	registry *outbox.Registry
+	schema   string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	schema := pgoncetest.Schema(t)
+	l := newLedger()
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", l, outbox.IdempotentByKey))
+	require.NoError(t, registry.Register("provision", l, outbox.LookupByNaturalID))
+	require.NoError(t, registry.Register("email", l, outbox.AtMostOnce))
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+	require.NoError(t, err)
+	return &testBundle{client: client, ledger: l, registry: registry, schema: schema}
+}
+
+func fastConfig() dispatcher.Config {
+	return dispatcher.Config{
+		PollInterval: 20 * time.Millisecond,
+		BackoffMin:   time.Millisecond,
+		BackoffMax:   5 * time.Millisecond,
+		CallTimeout:  5 * time.Second,
+	}
+}
+
+// start runs d until the test ends, and fails the test if Run errs.
+func start(t *testing.T, d *dispatcher.Dispatcher[pgx.Tx]) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(time.Minute):
+				t.Error("dispatcher did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func submit(t *testing.T, client *outbox.Client[pgx.Tx], tool string, step int64) outbox.Key {
+	t.Helper()
+	res, err := client.Submit(t.Context(), outbox.Call{
+		RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step),
+		Args: map[string]any{"step": step},
+	})
+	require.NoError(t, err)
+	require.True(t, res.Created)
+	return res.Key
+}
+
+func awaitState(t *testing.T, client *outbox.Client[pgx.Tx], key outbox.Key, want outbox.State) outbox.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var res outbox.Result
+	require.Eventually(t, func() bool {
+		var err error
+		res, err = client.Get(ctx, key)
+		return err == nil && res.State == want
+	}, time.Minute, 5*time.Millisecond, "key %s never reached %s", key, want)
+	return res
+}
+
+func TestDispatcher(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ThreeDispatchersDrainEachRowOnce", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+
+		const rows = 3000
+		keys := make([]outbox.Key, rows)
+		var group errgroup.Group
+		group.SetLimit(8)
+		for i := range rows {
+			group.Go(func() error {
+				res, err := bundle.client.Submit(context.Background(), outbox.Call{
+					RunID: "drain", Step: int64(i), Tool: "refund", Args: map[string]any{"i": i},
+				})
+				keys[i] = res.Key
+				return err
+			})
+		}
+		require.NoError(t, group.Wait())
+
+		for range 3 {
+			config := fastConfig()
+			config.BatchSize, config.Concurrency = 50, 8
+			d, err := dispatcher.New(bundle.client, config)
+			require.NoError(t, err)
+			start(t, d)
+		}
+		require.Eventually(t, func() bool {
+			var open int
+			err := pgoncetest.Pool(t).QueryRow(context.Background(),
+				`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state <> 'succeeded'`).Scan(&open)
+			return err == nil && open == 0
+		}, 2*time.Minute, 10*time.Millisecond)
+
+		for _, key := range keys {
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, "key %s", key)
+			require.Equal(t, 1, effects, "key %s", key)
+		}
+		var outboxRows int
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
+			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_outbox`).Scan(&outboxRows))
+		require.Zero(t, outboxRows)
+	})
+
+	t.Run("RetriesWithBackoffReachSuccess", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
+			if req.Attempt < 3 {
+				return false, errors.New("503 upstream")
+			}
+			return true, nil
+		}
+		d, err := dispatcher.New(bundle.client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, bundle.client, "refund", 1)
+		res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		require.Equal(t, 3, res.Attempts)
+		calls, effects := bundle.ledger.count(key)
+		require.Equal(t, 3, calls)
+		require.Equal(t, 1, effects)
+	})
+
+	t.Run("MaxAttemptsExhaustionFailsWithLastError", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
+			return false, fmt.Errorf("503 upstream on attempt %d", req.Attempt)
+		}
+		config := fastConfig()
+		config.MaxAttempts = 3
+		d, err := dispatcher.New(bundle.client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, bundle.client, "refund", 1)
+		res := awaitState(t, bundle.client, key, outbox.StateFailed)
+		require.Contains(t, string(res.Failure), "503 upstream on attempt 3")
+		calls, _ := bundle.ledger.count(key)
+		require.Equal(t, 3, calls)
+	})
+
+	t.Run("PermanentFailureIsReplayedBySubmit", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
+			return false, outbox.Permanent(errors.New("card declined"))
+		}
+		d, err := dispatcher.New(bundle.client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, bundle.client, "refund", 1)
+		failed := awaitState(t, bundle.client, key, outbox.StateFailed)
+		replay, err := bundle.client.Submit(t.Context(), outbox.Call{
+			RunID: "run", Step: 1, Tool: "refund", NaturalID: "nat-1", Args: map[string]any{"step": 1},
+		})
+		require.NoError(t, err)
+		require.True(t, replay.Replayed())
+		require.Equal(t, []byte(failed.Failure), []byte(replay.Failure))
+		calls, _ := bundle.ledger.count(key)
+		require.Equal(t, 1, calls)
+	})
+
+	t.Run("PanicIsRecoveredAndRetried", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
+			if req.Attempt == 1 {
+				panic("nil map write")
+			}
+			return true, nil
+		}
+		d, err := dispatcher.New(bundle.client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, bundle.client, "refund", 1)
+		res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		require.Equal(t, 2, res.Attempts)
+	})
+
+	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The provider acts, but the response is lost.
+		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
+			return true, outbox.Ambiguous(errors.New("connection reset after send"))
+		}
+		d, err := dispatcher.New(bundle.client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, bundle.client, "provision", 1)
+		res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, key), string(res.Response))
+		calls, effects := bundle.ledger.count(key)
+		require.Equal(t, 1, calls)
+		require.Equal(t, 1, effects)
+		require.Equal(t, int64(1), bundle.ledger.lookups.Load())
+	})
+
+	t.Run("AtMostOnceAmbiguousNeedsReview", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
+			return true, context.DeadlineExceeded
+		}
+		d, err := dispatcher.New(bundle.client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, bundle.client, "email", 1)
+		awaitState(t, bundle.client, key, outbox.StateNeedsReview)
+		calls, _ := bundle.ledger.count(key)
+		require.Equal(t, 1, calls)
+	})
+
+	t.Run("UnregisteredToolIsNotClaimed", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// This process serves refund only.
+		only := outbox.NewRegistry()
+		require.NoError(t, only.Register("refund", bundle.ledger, outbox.IdempotentByKey))
+		narrow, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: only})
+		require.NoError(t, err)
+		d, err := dispatcher.New(narrow, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		email := submit(t, bundle.client, "email", 1)
+		refund := submit(t, bundle.client, "refund", 2)
+		awaitState(t, bundle.client, refund, outbox.StateSucceeded)
+		res, err := bundle.client.Get(t.Context(), email)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatePending, res.State)
+		require.Zero(t, res.Attempts)
+	})
+
+	t.Run("ShutdownLetsCallsInFlightFinish", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		entered, release := make(chan struct{}), make(chan struct{})
+		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
+			close(entered)
+			<-release
+			return true, nil
+		}
+		d, err := dispatcher.New(bundle.client, fastConfig())
+		require.NoError(t, err)
+		stop := start(t, d)
+
+		key := submit(t, bundle.client, "refund", 1)
+		<-entered
+		stopped := make(chan struct{})
+		go func() {
+			stop()
+			close(stopped)
+		}()
+		close(release)
+		<-stopped
+		res, err := bundle.client.Get(t.Context(), key)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateSucceeded, res.State)
+	})
+
+	t.Run("ShutdownTimeoutLeavesRowInFlight", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		entered := make(chan struct{})
+		bundle.ledger.actFunc = nil
+		slow := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
+			close(entered)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", slow, outbox.IdempotentByKey))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+		config := fastConfig()
+		config.ShutdownTimeout = 10 * time.Millisecond
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		stop := start(t, d)
+
+		key := submit(t, client, "refund", 1)
+		<-entered
+		stop()
+		res, err := client.Get(t.Context(), key)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateInFlight, res.State)
+	})
+
+	t.Run("ListenerSurvivesTerminatedConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		config := fastConfig()
+		config.PollInterval = time.Hour // only notifications can wake it
+		d, err := dispatcher.New(bundle.client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		channel := bundle.client.Store().WorkChannel
+		listenerPID := func() int {
+			var pid int
+			err := pgoncetest.Pool(t).QueryRow(context.Background(), `
+				SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+				WHERE query = 'LISTEN "`+channel+`"'`).Scan(&pid)
+			require.NoError(t, err)
+			return pid
+		}
+		var first int
+		require.Eventually(t, func() bool { first = listenerPID(); return first != 0 }, time.Minute, 5*time.Millisecond)
+		awaitState(t, bundle.client, submit(t, bundle.client, "refund", 1), outbox.StateSucceeded)
+
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `SELECT pg_terminate_backend($1)`, first)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			pid := listenerPID()
+			return pid != 0 && pid != first
+		}, time.Minute, 5*time.Millisecond)
+		awaitState(t, bundle.client, submit(t, bundle.client, "refund", 2), outbox.StateSucceeded)
+	})
+}
+
+func TestNewRefusesInvalidConfig(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	for _, tt := range []struct {
+		name   string
+		config dispatcher.Config
+	}{
+		{"NegativeConcurrency", dispatcher.Config{Concurrency: -1}},
+		{"NegativeBatch", dispatcher.Config{BatchSize: -1}},
+		{"LeaseShorterThanCall", dispatcher.Config{CallTimeout: time.Minute, Lease: 30 * time.Second}},
+		{"BackoffMinAboveMax", dispatcher.Config{BackoffMin: time.Hour, BackoffMax: time.Minute}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := dispatcher.New(bundle.client, tt.config)
+			require.ErrorIs(t, err, dispatcher.ErrInvalidConfig)
+		})
+	}
+}
