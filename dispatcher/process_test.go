@@ -1,0 +1,128 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+const (
+	childSchemaEnv = "PGONCE_TEST_CHILD_SCHEMA"
+	childURLEnv    = "PGONCE_TEST_CHILD_URL"
+)
+
+// runChildDispatcher is the body of a dispatcher process: it serves the
+// refund tool with a provider that writes each effect to a ledger table, and
+// runs until SIGTERM.
+func runChildDispatcher() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	schema := os.Getenv(childSchemaEnv)
+	pool, err := pgxpool.New(ctx, os.Getenv(childURLEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	defer pool.Close()
+	pid := os.Getpid()
+	provider := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+		_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".ledger (key, pid) VALUES ($1, $2)`, string(req.Key), pid)
+		if err != nil {
+			return nil, err
+		}
+		return json.RawMessage(fmt.Sprintf(`{"pid":%d}`, pid)), nil
+	})
+	registry := outbox.NewRegistry()
+	if err := registry.Register("refund", provider, outbox.IdempotentByKey); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	d, err := dispatcher.New(client, dispatcher.Config{PollInterval: 50 * time.Millisecond, BatchSize: 50, Concurrency: 8})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	if err := d.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	return 0
+}
+
+func TestProcessesDrainEachRowOnce(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	pool := pgoncetest.Pool(t)
+	_, err := pool.Exec(t.Context(), `CREATE TABLE "`+bundle.schema+`".ledger (key text NOT NULL, pid integer NOT NULL)`)
+	require.NoError(t, err)
+
+	const rows = 3000
+	var group errgroup.Group
+	group.SetLimit(8)
+	for i := range rows {
+		group.Go(func() error {
+			_, err := bundle.client.Submit(context.Background(), outbox.Call{
+				RunID: "procs", Step: int64(i), Tool: "refund", Args: map[string]any{"i": i},
+			})
+			return err
+		})
+	}
+	require.NoError(t, group.Wait())
+
+	children := make([]*exec.Cmd, 3)
+	for i := range children {
+		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+pgoncetest.DatabaseURL(t))
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		children[i] = cmd
+	}
+	t.Cleanup(func() {
+		for _, cmd := range children {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+
+	require.Eventually(t, func() bool {
+		var open int
+		err := pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state <> 'succeeded'`).Scan(&open)
+		return err == nil && open == 0
+	}, 3*time.Minute, 20*time.Millisecond)
+
+	// Stop them gracefully: each drains and exits 0.
+	for _, cmd := range children {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	}
+	for _, cmd := range children {
+		require.NoError(t, cmd.Wait())
+	}
+
+	var effects, distinctKeys, workers int
+	require.NoError(t, pool.QueryRow(t.Context(),
+		`SELECT count(*), count(DISTINCT key), count(DISTINCT pid) FROM "`+bundle.schema+`".ledger`).
+		Scan(&effects, &distinctKeys, &workers))
+	require.Equal(t, rows, effects, "every row executed exactly once")
+	require.Equal(t, rows, distinctKeys)
+	require.GreaterOrEqual(t, workers, 2, "the processes shared the work")
+}
