@@ -305,6 +305,29 @@ func TestDispatcher(t *testing.T) {
 		require.Equal(t, 1, calls)
 	})
 
+	t.Run("AmbiguousPastProviderKeyRetentionNeedsReview", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		var calls atomic.Int64
+		forgetful := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			calls.Add(1)
+			return nil, outbox.Ambiguous(errors.New("timeout after send"))
+		})
+		registry := outbox.NewRegistry()
+		// The provider forgets keys at once: a retry by key is never safe.
+		require.NoError(t, registry.RegisterWithOpts("charge", forgetful, outbox.IdempotentByKey,
+			&outbox.ToolOpts{KeyRetention: time.Nanosecond}))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, client, "charge", 1)
+		awaitState(t, client, key, outbox.StateNeedsReview)
+		require.Equal(t, int64(1), calls.Load())
+	})
+
 	t.Run("UnregisteredToolIsNotClaimed", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)
