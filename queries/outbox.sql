@@ -166,3 +166,71 @@ WHERE pgonce_outbox.lease_until IS NULL
     AND pgonce_outbox.created_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond'
 GROUP BY pgonce_outbox.tool
 ORDER BY pgonce_outbox.tool;
+
+-- name: OutboxReclaimExpired :many
+-- OutboxReclaimExpired takes in-flight rows whose lease ended more than
+-- grace ago (a worker crashed, or an attempt ended with nobody to record it)
+-- for the reconciler: it leases them to the reconciler under a new attempt,
+-- which fences out the worker that held them, and returns them. SKIP LOCKED
+-- keeps concurrent reconcilers off each other's rows, and a live lease is
+-- never touched.
+WITH expired AS (
+    SELECT pgonce_outbox.key
+    FROM pgonce_outbox
+    WHERE pgonce_outbox.lease_until IS NOT NULL
+        AND pgonce_outbox.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
+        AND pgonce_outbox.tool = any(@tools::text[])
+    ORDER BY pgonce_outbox.lease_until
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
+reclaimed AS (
+    UPDATE pgonce_outbox
+    SET
+        attempt = pgonce_outbox.attempt + 1,
+        lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
+        worker = @worker::text
+    FROM expired
+    WHERE pgonce_outbox.key = expired.key
+    RETURNING
+        pgonce_outbox.key,
+        pgonce_outbox.tool,
+        pgonce_outbox.attempt,
+        pgonce_outbox.first_attempted_at
+)
+SELECT
+    reclaimed.key,
+    reclaimed.tool,
+    reclaimed.attempt,
+    reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
+    pgonce_key.natural_id,
+    pgonce_key.args
+FROM reclaimed
+JOIN pgonce_key ON pgonce_key.key = reclaimed.key
+ORDER BY reclaimed.key;
+
+-- name: OutboxCountExpired :many
+-- OutboxCountExpired counts, per tool, in-flight rows past lease and grace
+-- of tools outside the given list: rows the reconciler skips.
+SELECT
+    pgonce_outbox.tool,
+    count(*)::bigint AS expired
+FROM pgonce_outbox
+WHERE pgonce_outbox.lease_until IS NOT NULL
+    AND pgonce_outbox.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
+    AND NOT (pgonce_outbox.tool = any(@tools::text[]))
+GROUP BY pgonce_outbox.tool
+ORDER BY pgonce_outbox.tool;
+
+-- name: OutboxCountStalePending :one
+-- OutboxCountStalePending counts pending rows due for longer than the given
+-- age: work no dispatcher picks up.
+SELECT
+    count(*)::bigint AS stale,
+    coalesce(
+        extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_outbox.available_at)) * 1000,
+        0
+    )::bigint AS oldest_age_ms
+FROM pgonce_outbox
+WHERE pgonce_outbox.lease_until IS NULL
+    AND pgonce_outbox.available_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond';

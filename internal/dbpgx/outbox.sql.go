@@ -159,6 +159,82 @@ func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimK
 	return &i, err
 }
 
+const outboxCountExpired = `-- name: OutboxCountExpired :many
+SELECT
+    pgonce_outbox.tool,
+    count(*)::bigint AS expired
+FROM pgonce_outbox
+WHERE pgonce_outbox.lease_until IS NOT NULL
+    AND pgonce_outbox.lease_until < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
+    AND NOT (pgonce_outbox.tool = any($3::text[]))
+GROUP BY pgonce_outbox.tool
+ORDER BY pgonce_outbox.tool
+`
+
+type OutboxCountExpiredParams struct {
+	Now     *time.Time
+	GraceMs int64
+	Tools   []string
+}
+
+type OutboxCountExpiredRow struct {
+	Tool    string
+	Expired int64
+}
+
+// OutboxCountExpired counts, per tool, in-flight rows past lease and grace
+// of tools outside the given list: rows the reconciler skips.
+func (q *Queries) OutboxCountExpired(ctx context.Context, db DBTX, arg *OutboxCountExpiredParams) ([]*OutboxCountExpiredRow, error) {
+	rows, err := db.Query(ctx, outboxCountExpired, arg.Now, arg.GraceMs, arg.Tools)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OutboxCountExpiredRow
+	for rows.Next() {
+		var i OutboxCountExpiredRow
+		if err := rows.Scan(&i.Tool, &i.Expired); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxCountStalePending = `-- name: OutboxCountStalePending :one
+SELECT
+    count(*)::bigint AS stale,
+    coalesce(
+        extract(epoch FROM coalesce($1::timestamptz, now()) - min(pgonce_outbox.available_at)) * 1000,
+        0
+    )::bigint AS oldest_age_ms
+FROM pgonce_outbox
+WHERE pgonce_outbox.lease_until IS NULL
+    AND pgonce_outbox.available_at < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
+`
+
+type OutboxCountStalePendingParams struct {
+	Now   *time.Time
+	AgeMs int64
+}
+
+type OutboxCountStalePendingRow struct {
+	Stale       int64
+	OldestAgeMs int64
+}
+
+// OutboxCountStalePending counts pending rows due for longer than the given
+// age: work no dispatcher picks up.
+func (q *Queries) OutboxCountStalePending(ctx context.Context, db DBTX, arg *OutboxCountStalePendingParams) (*OutboxCountStalePendingRow, error) {
+	row := db.QueryRow(ctx, outboxCountStalePending, arg.Now, arg.AgeMs)
+	var i OutboxCountStalePendingRow
+	err := row.Scan(&i.Stale, &i.OldestAgeMs)
+	return &i, err
+}
+
 const outboxCountUnserved = `-- name: OutboxCountUnserved :many
 SELECT
     pgonce_outbox.tool,
@@ -297,6 +373,101 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 	for rows.Next() {
 		var i OutboxFinishRow
 		if err := rows.Scan(&i.Key, &i.Notified); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxReclaimExpired = `-- name: OutboxReclaimExpired :many
+WITH expired AS (
+    SELECT pgonce_outbox.key
+    FROM pgonce_outbox
+    WHERE pgonce_outbox.lease_until IS NOT NULL
+        AND pgonce_outbox.lease_until < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
+        AND pgonce_outbox.tool = any($3::text[])
+    ORDER BY pgonce_outbox.lease_until
+    LIMIT $4::integer
+    FOR UPDATE SKIP LOCKED
+),
+reclaimed AS (
+    UPDATE pgonce_outbox
+    SET
+        attempt = pgonce_outbox.attempt + 1,
+        lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 millisecond',
+        worker = $6::text
+    FROM expired
+    WHERE pgonce_outbox.key = expired.key
+    RETURNING
+        pgonce_outbox.key,
+        pgonce_outbox.tool,
+        pgonce_outbox.attempt,
+        pgonce_outbox.first_attempted_at
+)
+SELECT
+    reclaimed.key,
+    reclaimed.tool,
+    reclaimed.attempt,
+    reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
+    pgonce_key.natural_id,
+    pgonce_key.args
+FROM reclaimed
+JOIN pgonce_key ON pgonce_key.key = reclaimed.key
+ORDER BY reclaimed.key
+`
+
+type OutboxReclaimExpiredParams struct {
+	Now     *time.Time
+	GraceMs int64
+	Tools   []string
+	MaxRows int32
+	LeaseMs int64
+	Worker  string
+}
+
+type OutboxReclaimExpiredRow struct {
+	Key              string
+	Tool             string
+	Attempt          int32
+	FirstAttemptedAt time.Time
+	NaturalID        string
+	Args             []byte
+}
+
+// OutboxReclaimExpired takes in-flight rows whose lease ended more than
+// grace ago (a worker crashed, or an attempt ended with nobody to record it)
+// for the reconciler: it leases them to the reconciler under a new attempt,
+// which fences out the worker that held them, and returns them. SKIP LOCKED
+// keeps concurrent reconcilers off each other's rows, and a live lease is
+// never touched.
+func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *OutboxReclaimExpiredParams) ([]*OutboxReclaimExpiredRow, error) {
+	rows, err := db.Query(ctx, outboxReclaimExpired,
+		arg.Now,
+		arg.GraceMs,
+		arg.Tools,
+		arg.MaxRows,
+		arg.LeaseMs,
+		arg.Worker,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*OutboxReclaimExpiredRow
+	for rows.Next() {
+		var i OutboxReclaimExpiredRow
+		if err := rows.Scan(
+			&i.Key,
+			&i.Tool,
+			&i.Attempt,
+			&i.FirstAttemptedAt,
+			&i.NaturalID,
+			&i.Args,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)

@@ -1,0 +1,291 @@
+package reconcile
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// Defaults of [Config].
+const (
+	GraceDefault        = 30 * time.Second
+	BatchSizeDefault    = 500
+	StalePendingDefault = 10 * time.Minute
+)
+
+// ErrInvalidConfig is returned by [New] for an invalid [Config].
+var ErrInvalidConfig = errors.New("invalid reconcile config")
+
+// Config configures a [Reconciler]. Its zero value works.
+type Config struct {
+	// Grace is how long past its lease an in-flight row waits before it is
+	// resolved. Defaults to [GraceDefault].
+	Grace time.Duration
+
+	// BatchSize is the most rows one statement takes. RunOnce repeats until
+	// no expired row is left. Defaults to [BatchSizeDefault].
+	BatchSize int
+
+	// StalePending is how long a pending row may stay due before it is
+	// reported as stale (a dead dispatcher is a finding). Stale rows are
+	// reported, never touched. Defaults to [StalePendingDefault].
+	StalePending time.Duration
+
+	// Logger receives the reconciler's logs. Defaults to the client's.
+	Logger *slog.Logger
+}
+
+// Reconciler resolves in-flight rows whose lease expired: a worker crashed,
+// or an attempt ended ambiguously with nobody left to record it.
+type Reconciler[TTx any] struct {
+	client   *outbox.Client[TTx]
+	store    *store.Store
+	registry *outbox.Registry
+	config   Config
+	logger   *slog.Logger
+	workerID string
+}
+
+// New returns a reconciler for the tools in client's registry.
+func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: client must not be nil", ErrInvalidConfig)
+	}
+	clientConfig := client.Config()
+	config.Grace = cmp.Or(config.Grace, GraceDefault)
+	config.BatchSize = cmp.Or(config.BatchSize, BatchSizeDefault)
+	config.StalePending = cmp.Or(config.StalePending, StalePendingDefault)
+	config.Logger = cmp.Or(config.Logger, clientConfig.Logger)
+	switch {
+	case config.Grace < 0:
+		return nil, fmt.Errorf("%w: Grace must not be negative", ErrInvalidConfig)
+	case config.BatchSize < 1 || config.BatchSize > 10_000:
+		return nil, fmt.Errorf("%w: BatchSize must be between 1 and 10000", ErrInvalidConfig)
+	case config.StalePending < 0:
+		return nil, fmt.Errorf("%w: StalePending must not be negative", ErrInvalidConfig)
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	return &Reconciler[TTx]{
+		client:   client,
+		store:    client.Store(),
+		registry: clientConfig.Registry,
+		config:   config,
+		logger:   config.Logger,
+		workerID: "reconcile:" + clientConfig.WorkerID + ":" + hex.EncodeToString(suffix[:]),
+	}, nil
+}
+
+// Outcome names what the reconciler did with a row, as counted in a [Report].
+type Outcome string
+
+// Outcomes counted in a [Report].
+const (
+	// OutcomeRequeued: back to pending; the key is presented again.
+	OutcomeRequeued Outcome = "requeued"
+	// OutcomeFound: a lookup found the effect; its response is recorded.
+	OutcomeFound Outcome = "found"
+	// OutcomeNeedsReview: the outcome cannot be made certain.
+	OutcomeNeedsReview Outcome = "needs_review"
+	// OutcomeLookupFailed: the lookup failed; the row is pending again and
+	// its next attempt looks up first.
+	OutcomeLookupFailed Outcome = "lookup_failed"
+	// OutcomeSuperseded: someone else recorded the row first.
+	OutcomeSuperseded Outcome = "superseded"
+)
+
+// Report counts what one [Reconciler.RunOnce] examined and did. It is
+// JSON-ready.
+type Report struct {
+	// Examined counts the expired rows taken, per tool.
+	Examined map[string]int `json:"examined"`
+	// Resolved counts, per tool and outcome, what was done with them.
+	Resolved map[string]map[Outcome]int `json:"resolved"`
+	// SkippedUnregistered counts expired rows of tools this process does not
+	// register, per tool. They are left alone.
+	SkippedUnregistered map[string]int `json:"skipped_unregistered"`
+	// StalePending counts pending rows due for longer than
+	// [Config.StalePending]: no dispatcher is picking them up.
+	StalePending int `json:"stale_pending"`
+	// OldestStalePending is how long the oldest of them has been due.
+	OldestStalePending time.Duration `json:"oldest_stale_pending_ns"`
+}
+
+func newReport() Report {
+	return Report{
+		Examined:            map[string]int{},
+		Resolved:            map[string]map[Outcome]int{},
+		SkippedUnregistered: map[string]int{},
+	}
+}
+
+func (r *Report) count(tool string, outcome Outcome) {
+	if r.Resolved[tool] == nil {
+		r.Resolved[tool] = map[Outcome]int{}
+	}
+	r.Resolved[tool][outcome]++
+}
+
+// RunOnce resolves every in-flight row whose lease expired more than
+// [Config.Grace] ago, by its tool's delivery mode, and returns what it did.
+// It is meant for a scheduled job, and is safe to run concurrently with
+// dispatchers and other reconcilers: each row is taken by one of them, and a
+// live lease is never touched.
+//
+//   - [outbox.IdempotentByKey]: back to pending; the key is presented again
+//     and the provider deduplicates. Past the provider's key retention the
+//     row is looked up when the provider can, and sent to review otherwise.
+//   - [outbox.LookupByNaturalID]: read before write. Found: the found
+//     response is recorded as succeeded. Not found: back to pending. Lookup
+//     error: back to pending with the next attempt looking up first.
+//   - [outbox.AtMostOnce]: needs review; never retried automatically.
+func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
+	report := newReport()
+	tools := r.registry.Names()
+	graceMs := r.config.Grace.Milliseconds()
+	for {
+		var rows []*dbpgx.OutboxReclaimExpiredRow
+		err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+			var err error
+			rows, err = q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
+				GraceMs: graceMs,
+				Tools:   tools,
+				MaxRows: int32(r.config.BatchSize), //nolint:gosec // bounded by validation
+				LeaseMs: r.client.Config().Lease.Milliseconds(),
+				Worker:  r.workerID,
+			})
+			return err
+		})
+		if err != nil {
+			return report, fmt.Errorf("reclaim expired rows: %w", err)
+		}
+		if len(rows) == 0 {
+			break
+		}
+		outcomes := make([]outbox.Outcome, 0, len(rows))
+		tools := make(map[outbox.Key]string, len(rows))
+		for _, row := range rows {
+			report.Examined[row.Tool]++
+			out, label := r.resolve(ctx, row)
+			outcomes = append(outcomes, out)
+			tools[out.Key] = row.Tool
+			report.count(row.Tool, label)
+		}
+		written, err := r.client.Record(ctx, outcomes)
+		if err != nil {
+			return report, err
+		}
+		for _, out := range outcomes {
+			if !written[out.Key] {
+				report.count(tools[out.Key], OutcomeSuperseded)
+			}
+		}
+		if len(rows) < r.config.BatchSize {
+			break
+		}
+	}
+
+	err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		skipped, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{GraceMs: graceMs, Tools: tools})
+		if err != nil {
+			return fmt.Errorf("count skipped rows: %w", err)
+		}
+		for _, row := range skipped {
+			report.SkippedUnregistered[row.Tool] = int(row.Expired)
+		}
+		stale, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
+			AgeMs: r.config.StalePending.Milliseconds(),
+		})
+		if err != nil {
+			return fmt.Errorf("count stale pending rows: %w", err)
+		}
+		report.StalePending = int(stale.Stale)
+		report.OldestStalePending = time.Duration(stale.OldestAgeMs) * time.Millisecond
+		return nil
+	})
+	if err != nil {
+		return report, err
+	}
+	if report.StalePending > 0 {
+		r.logger.WarnContext(ctx, "pgonce: pending rows nobody picks up; is a dispatcher running?",
+			"stale_pending", report.StalePending, "oldest", report.OldestStalePending)
+	}
+	return report, nil
+}
+
+// resolve decides one expired row without calling its provider.
+func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow) (outbox.Outcome, Outcome) {
+	tool := r.registry.Lookup(row.Tool)
+	out := outbox.Outcome{
+		Key:       outbox.Key(row.Key),
+		Attempt:   int(row.Attempt),
+		Retention: cmp.Or(tool.Opts.Retention, r.client.Config().Retention),
+		Ambiguous: true,
+		Kind:      outbox.OutcomeRetry,
+		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
+	}
+	lookuper, canLookup := tool.Provider.(outbox.Lookuper)
+	pastKeyWindow := tool.Opts.KeyRetention > 0 && time.Since(row.FirstAttemptedAt) > tool.Opts.KeyRetention
+	switch {
+	case tool.Delivery == outbox.AtMostOnce,
+		tool.Delivery == outbox.IdempotentByKey && pastKeyWindow && !canLookup:
+		out.Kind = outbox.OutcomeNeedsReview
+		return out, OutcomeNeedsReview
+	case tool.Delivery == outbox.IdempotentByKey && !pastKeyWindow:
+		return out, OutcomeRequeued
+	}
+	// Read before write.
+	req := outbox.Request{
+		Key:       outbox.Key(row.Key),
+		NaturalID: row.NaturalID,
+		Tool:      row.Tool,
+		Args:      row.Args,
+		Attempt:   int(row.Attempt),
+	}
+	lookupCtx, cancel := context.WithTimeout(ctx, r.client.Config().CallTimeout)
+	defer cancel()
+	resp, found, err := lookuper.Lookup(lookupCtx, req)
+	switch {
+	case err != nil:
+		out.Err = fmt.Errorf("lookup: %w", err)
+		return out, OutcomeLookupFailed
+	case found:
+		if resp == nil {
+			resp = []byte{}
+		}
+		out.Kind, out.Response, out.Ambiguous = outbox.OutcomeSucceeded, resp, false
+		return out, OutcomeFound
+	default:
+		out.Ambiguous = false
+		return out, OutcomeRequeued
+	}
+}
+
+// Run calls [Reconciler.RunOnce] every interval until ctx is done, logging
+// errors and going on. It returns ctx's error.
+func (r *Reconciler[TTx]) Run(ctx context.Context, every time.Duration) error {
+	if every <= 0 {
+		return fmt.Errorf("%w: every must be positive", ErrInvalidConfig)
+	}
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.logger.ErrorContext(ctx, "pgonce: reconcile failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ticker.C:
+		}
+	}
+}

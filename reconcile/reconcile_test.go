@@ -1,0 +1,232 @@
+package reconcile_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
+)
+
+// payments honours idempotency keys, and can be asked about natural ids: its
+// effects are what a real provider would have done.
+type payments struct {
+	mu      sync.Mutex
+	effects map[string]int // by natural id
+	calls   int
+}
+
+func (p *payments) Call(_ context.Context, req outbox.Request) (json.RawMessage, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	if p.effects[req.NaturalID] == 0 {
+		p.effects[req.NaturalID]++
+	}
+	return json.RawMessage(`{"ok":true}`), nil
+}
+
+func (p *payments) Lookup(_ context.Context, req outbox.Request) (json.RawMessage, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.effects[req.NaturalID] == 0 {
+		return nil, false, nil
+	}
+	return json.RawMessage(fmt.Sprintf(`{"found":%q}`, req.NaturalID)), true, nil
+}
+
+type testBundle struct {
+	client   *outbox.Client[pgx.Tx]
+	payments *payments
+	schema   string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	schema := pgoncetest.Schema(t)
+	p := &payments{effects: map[string]int{}}
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", p, outbox.IdempotentByKey))
+	require.NoError(t, registry.Register("provision", p, outbox.LookupByNaturalID))
+	require.NoError(t, registry.Register("email", p, outbox.AtMostOnce))
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+	require.NoError(t, err)
+	return &testBundle{client: client, payments: p, schema: schema}
+}
+
+// crashed submits a call and leaves it as a killed worker does: in flight,
+// its lease long expired.
+func crashed(t *testing.T, bundle *testBundle, tool string, step int64, leaseAgo string) outbox.Key {
+	t.Helper()
+	res, err := bundle.client.Submit(t.Context(), outbox.Call{
+		RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step), Args: map[string]any{"step": step},
+	})
+	require.NoError(t, err)
+	_, err = pgoncetest.Pool(t).Exec(t.Context(), `
+		UPDATE "`+bundle.schema+`".pgonce_outbox
+		SET attempt = 1, worker = 'dead-worker', lease_until = now() - $2::interval,
+			first_attempted_at = now() - $2::interval - interval '1 minute'
+		WHERE key = $1`, string(res.Key), leaseAgo)
+	require.NoError(t, err)
+	return res.Key
+}
+
+func state(t *testing.T, bundle *testBundle, key outbox.Key) outbox.State {
+	t.Helper()
+	res, err := bundle.client.Get(t.Context(), key)
+	require.NoError(t, err)
+	return res.State
+}
+
+func TestRunOnce(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ResolvesEachDeliveryMode", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		keyed := crashed(t, bundle, "refund", 1, "1 hour")
+		// The crashed worker's provider acted for step 2 but nobody recorded it.
+		bundle.payments.effects["nat-2"] = 1
+		lookedUpFound := crashed(t, bundle, "provision", 2, "1 hour")
+		lookedUpMissing := crashed(t, bundle, "provision", 3, "1 hour")
+		atMostOnce := crashed(t, bundle, "email", 4, "1 hour")
+
+		r, err := reconcile.New(bundle.client, reconcile.Config{})
+		require.NoError(t, err)
+		report, err := r.RunOnce(t.Context())
+		require.NoError(t, err)
+
+		require.Equal(t, map[string]int{"refund": 1, "provision": 2, "email": 1}, report.Examined)
+		require.Equal(t, 1, report.Resolved["refund"][reconcile.OutcomeRequeued])
+		require.Equal(t, 1, report.Resolved["provision"][reconcile.OutcomeFound])
+		require.Equal(t, 1, report.Resolved["provision"][reconcile.OutcomeRequeued])
+		require.Equal(t, 1, report.Resolved["email"][reconcile.OutcomeNeedsReview])
+
+		require.Equal(t, outbox.StatePending, state(t, bundle, keyed))
+		require.Equal(t, outbox.StateSucceeded, state(t, bundle, lookedUpFound))
+		require.Equal(t, outbox.StatePending, state(t, bundle, lookedUpMissing))
+		require.Equal(t, outbox.StateNeedsReview, state(t, bundle, atMostOnce))
+		require.Zero(t, bundle.payments.calls, "the reconciler never calls a provider")
+
+		// The requeued rows run once more; every effect happened once.
+		for _, step := range []int64{1, 3} {
+			tool := map[int64]string{1: "refund", 3: "provision"}[step]
+			res, err := bundle.client.Do(t.Context(), outbox.Call{
+				RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step), Args: map[string]any{"step": step},
+			}, nil)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StateSucceeded, res.State)
+		}
+		for _, id := range []string{"nat-1", "nat-2", "nat-3"} {
+			require.Equal(t, 1, bundle.payments.effects[id], id)
+		}
+		require.Zero(t, bundle.payments.effects["nat-4"], "at-most-once never retried")
+
+		// Nothing is left to resolve.
+		report, err = r.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Empty(t, report.Examined)
+	})
+
+	t.Run("LiveLeaseIsNotTouched", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		live := crashed(t, bundle, "email", 1, "-1 hour") // lease ends in an hour
+		withinGrace := crashed(t, bundle, "email", 2, "1 second")
+
+		r, err := reconcile.New(bundle.client, reconcile.Config{})
+		require.NoError(t, err)
+		report, err := r.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Empty(t, report.Examined)
+		require.Equal(t, outbox.StateInFlight, state(t, bundle, live))
+		require.Equal(t, outbox.StateInFlight, state(t, bundle, withinGrace))
+	})
+
+	t.Run("UnregisteredToolIsSkippedAndCounted", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		key := crashed(t, bundle, "email", 1, "1 hour")
+		narrow := outbox.NewRegistry()
+		require.NoError(t, narrow.Register("refund", bundle.payments, outbox.IdempotentByKey))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: narrow})
+		require.NoError(t, err)
+
+		r, err := reconcile.New(client, reconcile.Config{})
+		require.NoError(t, err)
+		report, err := r.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, map[string]int{"email": 1}, report.SkippedUnregistered)
+		require.Equal(t, outbox.StateInFlight, state(t, bundle, key))
+	})
+
+	t.Run("StalePendingIsReportedNotTouched", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		res, err := bundle.client.Submit(t.Context(), outbox.Call{RunID: "run", Step: 1, Tool: "refund", Args: map[string]any{}})
+		require.NoError(t, err)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(),
+			`UPDATE "`+bundle.schema+`".pgonce_outbox SET available_at = now() - interval '1 hour'`)
+		require.NoError(t, err)
+
+		r, err := reconcile.New(bundle.client, reconcile.Config{})
+		require.NoError(t, err)
+		report, err := r.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 1, report.StalePending)
+		require.Greater(t, report.OldestStalePending.Minutes(), 59.0)
+		require.Equal(t, outbox.StatePending, state(t, bundle, res.Key))
+		_, err = json.Marshal(report)
+		require.NoError(t, err)
+	})
+
+	t.Run("ConcurrentReconcilersResolveEachRowOnce", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		const rows = 1000
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `
+			WITH k AS (
+				INSERT INTO "`+bundle.schema+`".pgonce_key (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
+				SELECT 'k1_' || encode(sha256(('stale' || i)::bytea), 'hex'), 'scope-' || i, '', 'stale', i, '', 'email', '', 'f', '{}'::bytea
+				FROM generate_series(1, $1::int) AS i
+				RETURNING key
+			)
+			INSERT INTO "`+bundle.schema+`".pgonce_outbox (key, tool, attempt, worker, lease_until, first_attempted_at)
+			SELECT key, 'email', 1, 'dead-worker', now() - interval '1 hour', now() - interval '2 hours' FROM k`, rows)
+		require.NoError(t, err)
+
+		reports := make([]reconcile.Report, 2)
+		var wg sync.WaitGroup
+		for i := range reports {
+			r, err := reconcile.New(bundle.client, reconcile.Config{BatchSize: 50})
+			require.NoError(t, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				report, err := r.RunOnce(context.Background())
+				if err != nil {
+					t.Errorf("reconcile: %v", err)
+				}
+				reports[i] = report
+			}()
+		}
+		wg.Wait()
+		examined := reports[0].Examined["email"] + reports[1].Examined["email"]
+		reviewed := reports[0].Resolved["email"][reconcile.OutcomeNeedsReview] + reports[1].Resolved["email"][reconcile.OutcomeNeedsReview]
+		superseded := reports[0].Resolved["email"][reconcile.OutcomeSuperseded] + reports[1].Resolved["email"][reconcile.OutcomeSuperseded]
+		require.Equal(t, rows, examined)
+		require.Equal(t, rows, reviewed)
+		require.Zero(t, superseded)
+		var needsReview int
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
+			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state = 'needs_review'`).Scan(&needsReview))
+		require.Equal(t, rows, needsReview)
+	})
+}
