@@ -143,3 +143,77 @@ SELECT
 FROM pgonce_key
 LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = @key::text;
+
+-- name: KeyPrune :one
+-- KeyPrune turns up to max_rows finished keys past their expiry into
+-- tombstones: the response goes, the key and its completion time stay. Only
+-- succeeded and failed keys have an expiry; pending, in-flight and
+-- needs-review keys are never touched. SKIP LOCKED lets pruning run beside
+-- anything else without waiting, and small batches keep locks short.
+WITH expired AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_key.state IN ('succeeded', 'failed')
+    ORDER BY pgonce_key.expires_at
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM pgonce_key
+    USING expired
+    WHERE pgonce_key.key = expired.key
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.scope,
+        pgonce_key.completed_at
+),
+tombstoned AS (
+    INSERT INTO pgonce_tombstone (
+        key,
+        scope,
+        completed_at,
+        expires_at
+    )
+    SELECT
+        deleted.key,
+        deleted.scope,
+        deleted.completed_at,
+        greatest(
+            deleted.completed_at + sqlc.arg('tombstone_retention_ms')::bigint * interval '1 millisecond',
+            coalesce(sqlc.narg('now')::timestamptz, now())
+        )
+    FROM deleted
+    ON CONFLICT DO NOTHING
+    RETURNING pgonce_tombstone.key
+)
+SELECT
+    (SELECT count(*) FROM deleted)::bigint AS pruned,
+    (SELECT count(*) FROM tombstoned)::bigint AS tombstoned;
+
+-- name: KeyCountExpired :one
+SELECT count(*)::bigint AS expired
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+    AND pgonce_key.state IN ('succeeded', 'failed');
+
+-- name: KeyCountByToolAndState :many
+-- KeyCountByToolAndState counts keys per tool and state, for operators. It
+-- reads the whole key table.
+SELECT
+    pgonce_key.tool,
+    (CASE
+        WHEN pgonce_key.state = 'open' AND pgonce_outbox.lease_until IS NOT NULL THEN 'in_flight'
+        WHEN pgonce_key.state = 'open' THEN 'pending'
+        ELSE pgonce_key.state
+    END)::text AS state,
+    count(*)::bigint AS keys
+FROM pgonce_key
+LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: KeyGetArgs :one
+SELECT pgonce_key.args
+FROM pgonce_key
+WHERE pgonce_key.key = @key::text;

@@ -234,3 +234,33 @@ SELECT
 FROM pgonce_outbox
 WHERE pgonce_outbox.lease_until IS NULL
     AND pgonce_outbox.available_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond';
+
+-- name: OutboxGet :one
+SELECT
+    pgonce_outbox.attempt,
+    pgonce_outbox.available_at,
+    pgonce_outbox.lease_until,
+    pgonce_outbox.worker,
+    pgonce_outbox.first_attempted_at,
+    pgonce_outbox.ambiguous,
+    pgonce_outbox.last_error
+FROM pgonce_outbox
+WHERE pgonce_outbox.key = @key::text;
+
+-- name: OutboxStats :one
+-- OutboxStats summarises the queue for operators: how long the oldest due
+-- pending row has waited, and how many in-flight rows hold an expired lease.
+SELECT
+    count(*) FILTER (WHERE pgonce_outbox.lease_until IS NULL)::bigint AS pending,
+    count(*) FILTER (WHERE pgonce_outbox.lease_until IS NOT NULL)::bigint AS in_flight,
+    count(*) FILTER (
+        WHERE pgonce_outbox.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
+    )::bigint AS expired_leases,
+    coalesce(
+        extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_outbox.available_at) FILTER (
+            WHERE pgonce_outbox.lease_until IS NULL
+                AND pgonce_outbox.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+        )) * 1000,
+        0
+    )::bigint AS oldest_pending_ms
+FROM pgonce_outbox;

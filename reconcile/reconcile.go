@@ -40,6 +40,12 @@ type Config struct {
 	// reported, never touched. Defaults to [StalePendingDefault].
 	StalePending time.Duration
 
+	// PruneDisabled turns off retention in [Reconciler.RunOnce]. By default
+	// every run also prunes finished keys past their retention into
+	// tombstones, and tombstones past their horizon (see
+	// [outbox.Client.Prune]).
+	PruneDisabled bool
+
 	// Logger receives the reconciler's logs. Defaults to the client's.
 	Logger *slog.Logger
 }
@@ -118,6 +124,8 @@ type Report struct {
 	StalePending int `json:"stale_pending"`
 	// OldestStalePending is how long the oldest of them has been due.
 	OldestStalePending time.Duration `json:"oldest_stale_pending_ns"`
+	// Pruned counts what retention removed.
+	Pruned outbox.PruneResult `json:"pruned"`
 }
 
 func newReport() Report {
@@ -136,7 +144,8 @@ func (r *Report) count(tool string, outcome Outcome) {
 }
 
 // RunOnce resolves every in-flight row whose lease expired more than
-// [Config.Grace] ago, by its tool's delivery mode, and returns what it did.
+// [Config.Grace] ago, by its tool's delivery mode, applies retention unless
+// [Config.PruneDisabled], and returns what it did.
 // It is meant for a scheduled job, and is safe to run concurrently with
 // dispatchers and other reconcilers: each row is taken by one of them, and a
 // live lease is never touched.
@@ -214,6 +223,12 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	})
 	if err != nil {
 		return report, err
+	}
+	if !r.config.PruneDisabled {
+		report.Pruned, err = r.client.Prune(ctx, nil)
+		if err != nil {
+			return report, err
+		}
 	}
 	if report.StalePending > 0 {
 		r.logger.WarnContext(ctx, "pgonce: pending rows nobody picks up; is a dispatcher running?",

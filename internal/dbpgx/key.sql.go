@@ -10,6 +10,67 @@ import (
 	"time"
 )
 
+const keyCountByToolAndState = `-- name: KeyCountByToolAndState :many
+SELECT
+    pgonce_key.tool,
+    (CASE
+        WHEN pgonce_key.state = 'open' AND pgonce_outbox.lease_until IS NOT NULL THEN 'in_flight'
+        WHEN pgonce_key.state = 'open' THEN 'pending'
+        ELSE pgonce_key.state
+    END)::text AS state,
+    count(*)::bigint AS keys
+FROM pgonce_key
+LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
+GROUP BY 1, 2
+ORDER BY 1, 2
+`
+
+type KeyCountByToolAndStateRow struct {
+	Tool  string
+	State string
+	Keys  int64
+}
+
+// KeyCountByToolAndState counts keys per tool and state, for operators. It
+// reads the whole key table.
+func (q *Queries) KeyCountByToolAndState(ctx context.Context, db DBTX) ([]*KeyCountByToolAndStateRow, error) {
+	rows, err := db.Query(ctx, keyCountByToolAndState)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*KeyCountByToolAndStateRow
+	for rows.Next() {
+		var i KeyCountByToolAndStateRow
+		if err := rows.Scan(&i.Tool, &i.State, &i.Keys); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const keyCountExpired = `-- name: KeyCountExpired :one
+SELECT count(*)::bigint AS expired
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+    AND pgonce_key.state IN ('succeeded', 'failed')
+`
+
+type KeyCountExpiredParams struct {
+	Now *time.Time
+}
+
+func (q *Queries) KeyCountExpired(ctx context.Context, db DBTX, arg *KeyCountExpiredParams) (int64, error) {
+	row := db.QueryRow(ctx, keyCountExpired, arg.Now)
+	var expired int64
+	err := row.Scan(&expired)
+	return expired, err
+}
+
 const keyGet = `-- name: KeyGet :one
 SELECT
     pgonce_key.key,
@@ -90,6 +151,23 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.LeaseUntil,
 	)
 	return &i, err
+}
+
+const keyGetArgs = `-- name: KeyGetArgs :one
+SELECT pgonce_key.args
+FROM pgonce_key
+WHERE pgonce_key.key = $1::text
+`
+
+type KeyGetArgsParams struct {
+	Key string
+}
+
+func (q *Queries) KeyGetArgs(ctx context.Context, db DBTX, arg *KeyGetArgsParams) ([]byte, error) {
+	row := db.QueryRow(ctx, keyGetArgs, arg.Key)
+	var args []byte
+	err := row.Scan(&args)
+	return args, err
 }
 
 const keyGetByKeyOrScope = `-- name: KeyGetByKeyOrScope :one
@@ -318,5 +396,71 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 		&i.LeaseUntil,
 		&i.Notified,
 	)
+	return &i, err
+}
+
+const keyPrune = `-- name: KeyPrune :one
+WITH expired AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+        AND pgonce_key.state IN ('succeeded', 'failed')
+    ORDER BY pgonce_key.expires_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM pgonce_key
+    USING expired
+    WHERE pgonce_key.key = expired.key
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.scope,
+        pgonce_key.completed_at
+),
+tombstoned AS (
+    INSERT INTO pgonce_tombstone (
+        key,
+        scope,
+        completed_at,
+        expires_at
+    )
+    SELECT
+        deleted.key,
+        deleted.scope,
+        deleted.completed_at,
+        greatest(
+            deleted.completed_at + $3::bigint * interval '1 millisecond',
+            coalesce($1::timestamptz, now())
+        )
+    FROM deleted
+    ON CONFLICT DO NOTHING
+    RETURNING pgonce_tombstone.key
+)
+SELECT
+    (SELECT count(*) FROM deleted)::bigint AS pruned,
+    (SELECT count(*) FROM tombstoned)::bigint AS tombstoned
+`
+
+type KeyPruneParams struct {
+	Now                  *time.Time
+	MaxRows              int32
+	TombstoneRetentionMs int64
+}
+
+type KeyPruneRow struct {
+	Pruned     int64
+	Tombstoned int64
+}
+
+// KeyPrune turns up to max_rows finished keys past their expiry into
+// tombstones: the response goes, the key and its completion time stay. Only
+// succeeded and failed keys have an expiry; pending, in-flight and
+// needs-review keys are never touched. SKIP LOCKED lets pruning run beside
+// anything else without waiting, and small batches keep locks short.
+func (q *Queries) KeyPrune(ctx context.Context, db DBTX, arg *KeyPruneParams) (*KeyPruneRow, error) {
+	row := db.QueryRow(ctx, keyPrune, arg.Now, arg.MaxRows, arg.TombstoneRetentionMs)
+	var i KeyPruneRow
+	err := row.Scan(&i.Pruned, &i.Tombstoned)
 	return &i, err
 }

@@ -383,6 +383,48 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 	return items, nil
 }
 
+const outboxGet = `-- name: OutboxGet :one
+SELECT
+    pgonce_outbox.attempt,
+    pgonce_outbox.available_at,
+    pgonce_outbox.lease_until,
+    pgonce_outbox.worker,
+    pgonce_outbox.first_attempted_at,
+    pgonce_outbox.ambiguous,
+    pgonce_outbox.last_error
+FROM pgonce_outbox
+WHERE pgonce_outbox.key = $1::text
+`
+
+type OutboxGetParams struct {
+	Key string
+}
+
+type OutboxGetRow struct {
+	Attempt          int32
+	AvailableAt      time.Time
+	LeaseUntil       *time.Time
+	Worker           *string
+	FirstAttemptedAt *time.Time
+	Ambiguous        bool
+	LastError        *string
+}
+
+func (q *Queries) OutboxGet(ctx context.Context, db DBTX, arg *OutboxGetParams) (*OutboxGetRow, error) {
+	row := db.QueryRow(ctx, outboxGet, arg.Key)
+	var i OutboxGetRow
+	err := row.Scan(
+		&i.Attempt,
+		&i.AvailableAt,
+		&i.LeaseUntil,
+		&i.Worker,
+		&i.FirstAttemptedAt,
+		&i.Ambiguous,
+		&i.LastError,
+	)
+	return &i, err
+}
+
 const outboxReclaimExpired = `-- name: OutboxReclaimExpired :many
 WITH expired AS (
     SELECT pgonce_outbox.key
@@ -558,4 +600,46 @@ func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg *OutboxRelease
 		return nil, err
 	}
 	return items, nil
+}
+
+const outboxStats = `-- name: OutboxStats :one
+SELECT
+    count(*) FILTER (WHERE pgonce_outbox.lease_until IS NULL)::bigint AS pending,
+    count(*) FILTER (WHERE pgonce_outbox.lease_until IS NOT NULL)::bigint AS in_flight,
+    count(*) FILTER (
+        WHERE pgonce_outbox.lease_until < coalesce($1::timestamptz, now())
+    )::bigint AS expired_leases,
+    coalesce(
+        extract(epoch FROM coalesce($1::timestamptz, now()) - min(pgonce_outbox.available_at) FILTER (
+            WHERE pgonce_outbox.lease_until IS NULL
+                AND pgonce_outbox.available_at <= coalesce($1::timestamptz, now())
+        )) * 1000,
+        0
+    )::bigint AS oldest_pending_ms
+FROM pgonce_outbox
+`
+
+type OutboxStatsParams struct {
+	Now *time.Time
+}
+
+type OutboxStatsRow struct {
+	Pending         int64
+	InFlight        int64
+	ExpiredLeases   int64
+	OldestPendingMs int64
+}
+
+// OutboxStats summarises the queue for operators: how long the oldest due
+// pending row has waited, and how many in-flight rows hold an expired lease.
+func (q *Queries) OutboxStats(ctx context.Context, db DBTX, arg *OutboxStatsParams) (*OutboxStatsRow, error) {
+	row := db.QueryRow(ctx, outboxStats, arg.Now)
+	var i OutboxStatsRow
+	err := row.Scan(
+		&i.Pending,
+		&i.InFlight,
+		&i.ExpiredLeases,
+		&i.OldestPendingMs,
+	)
+	return &i, err
 }

@@ -10,6 +10,35 @@ import (
 	"time"
 )
 
+const tombstoneCount = `-- name: TombstoneCount :one
+SELECT count(*)::bigint AS tombstones
+FROM pgonce_tombstone
+`
+
+func (q *Queries) TombstoneCount(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, tombstoneCount)
+	var tombstones int64
+	err := row.Scan(&tombstones)
+	return tombstones, err
+}
+
+const tombstoneCountExpired = `-- name: TombstoneCountExpired :one
+SELECT count(*)::bigint AS expired
+FROM pgonce_tombstone
+WHERE pgonce_tombstone.expires_at < coalesce($1::timestamptz, now())
+`
+
+type TombstoneCountExpiredParams struct {
+	Now *time.Time
+}
+
+func (q *Queries) TombstoneCountExpired(ctx context.Context, db DBTX, arg *TombstoneCountExpiredParams) (int64, error) {
+	row := db.QueryRow(ctx, tombstoneCountExpired, arg.Now)
+	var expired int64
+	err := row.Scan(&expired)
+	return expired, err
+}
+
 const tombstoneGet = `-- name: TombstoneGet :one
 SELECT
     pgonce_tombstone.key,
@@ -36,4 +65,36 @@ func (q *Queries) TombstoneGet(ctx context.Context, db DBTX, arg *TombstoneGetPa
 	var i TombstoneGetRow
 	err := row.Scan(&i.Key, &i.CompletedAt)
 	return &i, err
+}
+
+const tombstonePrune = `-- name: TombstonePrune :one
+WITH doomed AS (
+    SELECT pgonce_tombstone.key
+    FROM pgonce_tombstone
+    WHERE pgonce_tombstone.expires_at < coalesce($1::timestamptz, now())
+    ORDER BY pgonce_tombstone.expires_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM pgonce_tombstone
+    USING doomed
+    WHERE pgonce_tombstone.key = doomed.key
+    RETURNING pgonce_tombstone.key
+)
+SELECT count(*)::bigint AS pruned
+FROM deleted
+`
+
+type TombstonePruneParams struct {
+	Now     *time.Time
+	MaxRows int32
+}
+
+// TombstonePrune deletes up to max_rows tombstones past their horizon.
+func (q *Queries) TombstonePrune(ctx context.Context, db DBTX, arg *TombstonePruneParams) (int64, error) {
+	row := db.QueryRow(ctx, tombstonePrune, arg.Now, arg.MaxRows)
+	var pruned int64
+	err := row.Scan(&pruned)
+	return pruned, err
 }

@@ -42,6 +42,15 @@ type PgonceOutbox struct {
 	CreatedAt        time.Time
 }
 
+type PgonceResolution struct {
+	ID         int64
+	Key        string
+	Action     string
+	ResolvedBy string
+	Reason     string
+	ResolvedAt time.Time
+}
+
 type PgonceTombstone struct {
 	Key         string
 	Scope       string

@@ -158,7 +158,7 @@ func InterpretError(err error) error {
 
 // tablePattern finds pgonce's table names in generated statements. They are
 // distinctive enough that a word match cannot hit anything else.
-var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|tombstone)\b`)
+var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|tombstone|resolution)\b`)
 
 // rewriter qualifies the table names of statements with a schema, once per
 // statement text.

@@ -1,0 +1,103 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+)
+
+// PruneBatchSizeDefault is how many rows one prune statement handles.
+const PruneBatchSizeDefault = 1000
+
+// PruneOpts are optional settings of [Client.Prune].
+type PruneOpts struct {
+	// DryRun counts what would be pruned and changes nothing.
+	DryRun bool
+	// BatchSize is how many rows one statement deletes. Defaults to
+	// [PruneBatchSizeDefault].
+	BatchSize int
+	// ProgressFunc, when set, is called after every batch with the totals
+	// so far.
+	ProgressFunc func(PruneResult)
+}
+
+// PruneResult counts what [Client.Prune] did, or would do in a dry run.
+type PruneResult struct {
+	// Keys counts finished keys past their retention turned into
+	// tombstones.
+	Keys int64 `json:"keys"`
+	// Tombstones counts tombstones past their horizon deleted.
+	Tombstones int64 `json:"tombstones"`
+}
+
+// Prune applies retention. Finished keys (succeeded or failed) whose
+// retention ended lose their response and become tombstones that keep the
+// key and its completion time until [Config.TombstoneRetention] after
+// completion; tombstones past that horizon are deleted. Pending, in-flight
+// and needs-review keys are never touched. A submit, Do or Get of a
+// tombstoned key returns [ErrExpired] and nothing runs again.
+//
+// Work is done in batches of short statements that skip rows locked by
+// others, so Prune holds no long locks, rewrites no table, and may run beside
+// dispatchers and other pruners. Retention is fixed when a key finishes, from
+// its tool's [ToolOpts.Retention] or [Config.Retention].
+func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, error) {
+	if opts == nil {
+		opts = &PruneOpts{}
+	}
+	batch := opts.BatchSize
+	if batch <= 0 {
+		batch = PruneBatchSizeDefault
+	}
+	var result PruneResult
+	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		if opts.DryRun {
+			keys, err := q.KeyCountExpired(ctx, db, &dbpgx.KeyCountExpiredParams{Now: c.nowParam()})
+			if err != nil {
+				return fmt.Errorf("count expired keys: %w", err)
+			}
+			tombstones, err := q.TombstoneCountExpired(ctx, db, &dbpgx.TombstoneCountExpiredParams{Now: c.nowParam()})
+			if err != nil {
+				return fmt.Errorf("count expired tombstones: %w", err)
+			}
+			result = PruneResult{Keys: keys, Tombstones: tombstones}
+			return nil
+		}
+		for {
+			row, err := q.KeyPrune(ctx, db, &dbpgx.KeyPruneParams{
+				Now:                  c.nowParam(),
+				MaxRows:              int32(batch), //nolint:gosec // a batch size
+				TombstoneRetentionMs: c.config.TombstoneRetention.Milliseconds(),
+			})
+			if err != nil {
+				return fmt.Errorf("prune keys: %w", err)
+			}
+			result.Keys += row.Pruned
+			if opts.ProgressFunc != nil && row.Pruned > 0 {
+				opts.ProgressFunc(result)
+			}
+			if row.Pruned < int64(batch) {
+				break
+			}
+		}
+		for {
+			pruned, err := q.TombstonePrune(ctx, db, &dbpgx.TombstonePruneParams{
+				Now:     c.nowParam(),
+				MaxRows: int32(batch), //nolint:gosec // a batch size
+			})
+			if err != nil {
+				return fmt.Errorf("prune tombstones: %w", err)
+			}
+			result.Tombstones += pruned
+			if opts.ProgressFunc != nil && pruned > 0 {
+				opts.ProgressFunc(result)
+			}
+			if pruned < int64(batch) {
+				break
+			}
+		}
+		return nil
+	})
+	return result, err
+}

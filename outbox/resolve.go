@@ -1,0 +1,175 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// ResolutionAction is an operator's decision on a needs-review key.
+type ResolutionAction string
+
+const (
+	// ResolveSucceeded records that the action happened, with a response.
+	ResolveSucceeded ResolutionAction = "succeeded"
+	// ResolveFailed records that the action did not happen and must not be
+	// retried, with a failure.
+	ResolveFailed ResolutionAction = "failed"
+	// ResolveRetry sends the key back to pending: the action did not happen
+	// and may run again.
+	ResolveRetry ResolutionAction = "retry"
+)
+
+// Resolution is an operator's decision on a key in [StateNeedsReview].
+type Resolution struct {
+	// Action is what was decided.
+	Action ResolutionAction
+	// Response is stored as the key's response for [ResolveSucceeded]; it
+	// must be valid JSON and is replayed verbatim.
+	Response json.RawMessage
+	// Failure is stored as the key's failure for [ResolveFailed]; it must be
+	// valid JSON.
+	Failure json.RawMessage
+	// By names who decided. Required.
+	By string
+	// Reason says why. Required.
+	Reason string
+}
+
+// ErrInvalidResolution is returned by [Client.Resolve] for a malformed
+// resolution. Nothing is changed.
+var ErrInvalidResolution = errors.New("invalid resolution")
+
+// ErrNotNeedsReview is returned by [Client.Resolve] for a key that is not in
+// needs review. The error is a [*NotNeedsReviewError]. Nothing is changed.
+var ErrNotNeedsReview = errors.New("key is not in needs review")
+
+// NotNeedsReviewError details an [ErrNotNeedsReview].
+type NotNeedsReviewError struct {
+	Key   Key
+	State State
+}
+
+// Error names the key's state.
+func (e *NotNeedsReviewError) Error() string {
+	return fmt.Sprintf("key %s is %s, not needs_review", e.Key, e.State)
+}
+
+// Is matches [ErrNotNeedsReview].
+func (e *NotNeedsReviewError) Is(target error) bool { return target == ErrNotNeedsReview }
+
+// resolutionTextMaxBytes bounds By and Reason.
+const resolutionTextMaxBytes = 2000
+
+func (r Resolution) validate() error {
+	switch r.Action {
+	case ResolveSucceeded:
+		if !json.Valid(r.Response) {
+			return fmt.Errorf("%w: Response must be valid JSON for %s", ErrInvalidResolution, r.Action)
+		}
+		if r.Failure != nil {
+			return fmt.Errorf("%w: Failure must be empty for %s", ErrInvalidResolution, r.Action)
+		}
+	case ResolveFailed:
+		if !json.Valid(r.Failure) {
+			return fmt.Errorf("%w: Failure must be valid JSON for %s", ErrInvalidResolution, r.Action)
+		}
+		if r.Response != nil {
+			return fmt.Errorf("%w: Response must be empty for %s", ErrInvalidResolution, r.Action)
+		}
+	case ResolveRetry:
+		if r.Response != nil || r.Failure != nil {
+			return fmt.Errorf("%w: Response and Failure must be empty for %s", ErrInvalidResolution, r.Action)
+		}
+	default:
+		return fmt.Errorf("%w: Action must be succeeded, failed or retry, got %q", ErrInvalidResolution, r.Action)
+	}
+	for _, field := range [...]struct{ name, value string }{{"By", r.By}, {"Reason", r.Reason}} {
+		if strings.TrimSpace(field.value) == "" {
+			return fmt.Errorf("%w: %s is required", ErrInvalidResolution, field.name)
+		}
+		if len(field.value) > resolutionTextMaxBytes {
+			return fmt.Errorf("%w: %s must be at most %d bytes", ErrInvalidResolution, field.name, resolutionTextMaxBytes)
+		}
+	}
+	return nil
+}
+
+// Resolve applies an operator's decision to a key in [StateNeedsReview] and
+// records it (action, who, why, when) alongside the key; see
+// [Client.Inspect]. [ResolveSucceeded] and [ResolveFailed] make the key final
+// with the given bytes, replayed verbatim from then on; [ResolveRetry] sends
+// it back to pending for a dispatcher.
+//
+// It returns [ErrInvalidResolution] for a malformed resolution, [ErrNotFound]
+// for an unknown key, [ErrExpired] for a pruned one and [ErrNotNeedsReview]
+// for a key in any other state; none of these changes anything.
+func (c *Client[TTx]) Resolve(ctx context.Context, key Key, resolution Resolution) (Result, error) {
+	if _, err := ParseKey(string(key)); err != nil {
+		return Result{}, err
+	}
+	if err := resolution.validate(); err != nil {
+		return Result{}, err
+	}
+	params := &dbpgx.KeyResolveParams{
+		Key:         string(key),
+		Action:      string(resolution.Action),
+		Response:    resolution.Response,
+		Failure:     resolution.Failure,
+		Now:         c.nowParam(),
+		RetentionMs: c.config.Retention.Milliseconds(),
+		ResolvedBy:  resolution.By,
+		Reason:      resolution.Reason,
+	}
+	if !c.config.NotifyDisabled {
+		params.Channel = c.store.DoneChannel
+		if resolution.Action == ResolveRetry {
+			params.Channel = c.store.WorkChannel
+		}
+	}
+	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		tool, err := c.toolOf(ctx, key)
+		if err != nil {
+			return err
+		}
+		if t := c.config.Registry.Lookup(tool); t != nil && t.Opts.Retention > 0 {
+			params.RetentionMs = t.Opts.Retention.Milliseconds()
+		}
+		_, err = q.KeyResolve(ctx, db, params)
+		return err
+	})
+	if err != nil && !errors.Is(err, store.ErrNoRows) {
+		return Result{}, fmt.Errorf("resolve key: %w", err)
+	}
+	res, getErr := c.Get(ctx, key)
+	if getErr != nil {
+		return res, getErr
+	}
+	if errors.Is(err, store.ErrNoRows) {
+		return res, &NotNeedsReviewError{Key: key, State: res.State}
+	}
+	return res, nil
+}
+
+// toolOf returns key's tool, or the errors of [Client.Get].
+func (c *Client[TTx]) toolOf(ctx context.Context, key Key) (string, error) {
+	res, err := c.Get(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	return res.Tool, nil
+}
+
+// ResolutionRecord is one recorded operator decision.
+type ResolutionRecord struct {
+	Action     ResolutionAction `json:"action"`
+	By         string           `json:"by"`
+	Reason     string           `json:"reason"`
+	ResolvedAt time.Time        `json:"resolved_at"`
+}

@@ -1,0 +1,93 @@
+-- name: KeyResolve :one
+-- KeyResolve applies an operator decision to a key in needs_review, and
+-- records it. succeeded and failed store the given bytes and start the
+-- retention of the key; retry sends the key back to pending with a new
+-- outbox row. A key in any other state is left alone and no row returns.
+WITH target AS (
+    SELECT
+        pgonce_key.key,
+        pgonce_key.tool,
+        pgonce_key.attempt
+    FROM pgonce_key
+    WHERE pgonce_key.key = @key::text
+        AND pgonce_key.state = 'needs_review'
+    FOR UPDATE
+),
+updated AS (
+    UPDATE pgonce_key
+    SET
+        state = CASE WHEN @action::text = 'retry' THEN 'open' ELSE @action::text END,
+        response = sqlc.narg('response')::bytea,
+        failure = sqlc.narg('failure')::bytea,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        completed_at = CASE
+            WHEN @action::text = 'retry' THEN NULL
+            ELSE coalesce(sqlc.narg('now')::timestamptz, now())
+        END,
+        expires_at = CASE
+            WHEN @action::text = 'retry' THEN NULL
+            ELSE coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond'
+        END
+    FROM target
+    WHERE pgonce_key.key = target.key
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.tool,
+        pgonce_key.attempt
+),
+queued AS (
+    INSERT INTO pgonce_outbox (
+        key,
+        tool,
+        available_at,
+        attempt,
+        created_at
+    )
+    SELECT
+        updated.key,
+        updated.tool,
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        updated.attempt,
+        coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM updated
+    WHERE @action::text = 'retry'
+    RETURNING pgonce_outbox.key
+),
+recorded AS (
+    INSERT INTO pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        @action::text,
+        @resolved_by::text,
+        @reason::text,
+        coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify(@channel::text, updated.key)
+    FROM updated
+    WHERE @channel::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM queued)::bigint AS queued,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated;
+
+-- name: ResolutionListByKey :many
+SELECT
+    pgonce_resolution.action,
+    pgonce_resolution.resolved_by,
+    pgonce_resolution.reason,
+    pgonce_resolution.resolved_at
+FROM pgonce_resolution
+WHERE pgonce_resolution.key = @key::text
+ORDER BY pgonce_resolution.resolved_at, pgonce_resolution.id;
