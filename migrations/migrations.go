@@ -125,20 +125,41 @@ func lockedProvider(ctx context.Context, db *sql.DB, schema string) (*goose.Prov
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident.Quote(schema)); err != nil {
-		return nil, fmt.Errorf("create schema: %w", err)
-	}
 	// One lock per schema: migrating one schema never waits on another.
 	hash := fnv.New64a()
 	_, _ = hash.Write([]byte("pgonce/migrations/" + schema))
+	lockID := int64(hash.Sum64() >> 1) //nolint:gosec // shifted into int64 range
+	if err := createSchema(ctx, db, schema, lockID); err != nil {
+		return nil, err
+	}
 	locker, err := lock.NewPostgresSessionLocker(
-		lock.WithLockID(int64(hash.Sum64()>>1)), //nolint:gosec // shifted into int64 range
+		lock.WithLockID(lockID),
 		lock.WithLockTimeout(1, 300),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("migration lock: %w", err)
 	}
 	return NewProvider(db, schema, goose.WithSessionLocker(locker))
+}
+
+// createSchema creates schema under the migration lock: two concurrent
+// CREATE SCHEMA IF NOT EXISTS of one name can both miss it and collide.
+func createSchema(ctx context.Context, db *sql.DB, schema string, lockID int64) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident.Quote(schema)); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	return nil
 }
 
 // goMigrations turns the embedded SQL files into goose Go migrations bound to
