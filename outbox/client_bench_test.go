@@ -1,0 +1,227 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// The benchmarks run one caller at a time against the test database, so
+// that they measure latency: round trips, planning and the commit's WAL
+// flush. Each sub-benchmark has a schema of its own.
+
+// benchArgs are the arguments of every benchmarked call, already canonical.
+var benchArgs = json.RawMessage(`{"amount":"42.00","currency":"EUR","order_id":"ord_8842","reason":"damaged on arrival"}`)
+
+// benchDriver gives a benchmark the same client and transactions over
+// either driver, like driverHarness does for tests.
+type benchDriver[TTx any] struct {
+	newClient func(b *testing.B, config outbox.Config) *outbox.Client[TTx]
+	begin     func(ctx context.Context, b *testing.B) (TTx, error)
+	exec      func(ctx context.Context, tx TTx, query string, args ...any) error
+	commit    func(ctx context.Context, tx TTx) error
+}
+
+func pgxBenchDriver() benchDriver[pgx.Tx] {
+	return benchDriver[pgx.Tx]{
+		newClient: func(b *testing.B, config outbox.Config) *outbox.Client[pgx.Tx] {
+			b.Helper()
+			client, err := outbox.NewPgx(pgoncetest.Pool(b), config)
+			require.NoError(b, err)
+			return client
+		},
+		begin: func(ctx context.Context, b *testing.B) (pgx.Tx, error) {
+			return pgoncetest.Pool(b).Begin(ctx)
+		},
+		exec: func(ctx context.Context, tx pgx.Tx, query string, args ...any) error {
+			_, err := tx.Exec(ctx, query, args...)
+			return err
+		},
+		commit: func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+	}
+}
+
+func stdBenchDriver() benchDriver[*sql.Tx] {
+	return benchDriver[*sql.Tx]{
+		newClient: func(b *testing.B, config outbox.Config) *outbox.Client[*sql.Tx] {
+			b.Helper()
+			client, err := outbox.New(pgoncetest.DB(b), config)
+			require.NoError(b, err)
+			return client
+		},
+		begin: func(ctx context.Context, b *testing.B) (*sql.Tx, error) {
+			return pgoncetest.DB(b).BeginTx(ctx, nil)
+		},
+		exec: func(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
+			_, err := tx.ExecContext(ctx, query, args...)
+			return err
+		},
+		commit: func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+	}
+}
+
+// benchClient returns a client configured by config over a fresh schema,
+// whose "refund" tool is a no-op provider.
+func benchClient[TTx any](b *testing.B, d benchDriver[TTx], config outbox.Config) *outbox.Client[TTx] {
+	b.Helper()
+	schema := pgoncetest.Schema(b)
+	noop := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"refund_id":"re_1"}`), nil
+	})
+	registry := outbox.NewRegistry()
+	require.NoError(b, registry.Register("refund", noop, outbox.IdempotentByKey))
+	config.Schema, config.Registry = schema, registry
+	return d.newClient(b, config)
+}
+
+func benchCall(i int) outbox.Call {
+	return outbox.Call{RunID: fmt.Sprintf("run_%010d", i), Step: 3, Tool: "refund", Args: benchArgs}
+}
+
+// BenchmarkSubmitTx compares a transaction that submits one call with the
+// same transaction writing the same payload as one row of a plain table:
+// the price of the claim, the outbox row and the notification.
+func BenchmarkSubmitTx(b *testing.B) {
+	b.Run("Pgx", func(b *testing.B) { benchmarkSubmitTx(b, pgxBenchDriver()) })
+	b.Run("DatabaseSQL", func(b *testing.B) { benchmarkSubmitTx(b, stdBenchDriver()) })
+}
+
+func benchmarkSubmitTx[TTx any](b *testing.B, d benchDriver[TTx]) {
+	b.Run("BareInsert", func(b *testing.B) {
+		ctx := b.Context()
+		schema := pgoncetest.Schema(b)
+		table := ident.Quote(schema) + ".bench_bare"
+		_, err := pgoncetest.Pool(b).Exec(ctx, `CREATE TABLE `+table+` (
+			key text PRIMARY KEY,
+			scope text NOT NULL,
+			tenant text NOT NULL,
+			run_id text NOT NULL,
+			step bigint NOT NULL,
+			business_key text NOT NULL,
+			tool text NOT NULL,
+			natural_id text NOT NULL,
+			fingerprint text NOT NULL,
+			args bytea NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now()
+		)`)
+		require.NoError(b, err)
+		insert := `INSERT INTO ` + table + ` (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+		// Strings as long as the client's: a key and a fingerprint of 64 hex
+		// digits, a scope of the same size.
+		fingerprint := fmt.Sprintf("%064x", 42)
+
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			key := fmt.Sprintf("k1_%064d", i)
+			tx, err := d.begin(ctx, b)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := d.exec(ctx, tx, insert, key, fmt.Sprintf("s1_%064d", i), "", fmt.Sprintf("run_%010d", i), int64(3), "", "refund", "", fingerprint, []byte(benchArgs)); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.commit(ctx, tx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+
+	submitTx := func(b *testing.B, client *outbox.Client[TTx]) {
+		b.Helper()
+		ctx := b.Context()
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			tx, err := d.begin(ctx, b)
+			if err != nil {
+				b.Fatal(err)
+			}
+			res, err := client.SubmitTx(ctx, tx, benchCall(i))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !res.Created {
+				b.Fatalf("call %d: not created", i)
+			}
+			if err := d.commit(ctx, tx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+
+	b.Run("SubmitTx", func(b *testing.B) {
+		client := benchClient(b, d, outbox.Config{})
+		submitTx(b, client)
+	})
+
+	// Without the pg_notify that wakes dispatchers, to price it.
+	b.Run("SubmitTxNotifyDisabled", func(b *testing.B) {
+		client := benchClient(b, d, outbox.Config{NotifyDisabled: true})
+		submitTx(b, client)
+	})
+}
+
+// BenchmarkSubmitReplay submits a call whose key already succeeded: the
+// replay path every duplicate takes.
+func BenchmarkSubmitReplay(b *testing.B) {
+	b.Run("Pgx", func(b *testing.B) { benchmarkSubmitReplay(b, pgxBenchDriver()) })
+	b.Run("DatabaseSQL", func(b *testing.B) { benchmarkSubmitReplay(b, stdBenchDriver()) })
+}
+
+func benchmarkSubmitReplay[TTx any](b *testing.B, d benchDriver[TTx]) {
+	ctx := b.Context()
+	client := benchClient(b, d, outbox.Config{})
+	call := benchCall(1)
+	res, err := client.Do(ctx, call, nil)
+	require.NoError(b, err)
+	require.Equal(b, outbox.StateSucceeded, res.State)
+
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := client.Submit(ctx, call)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !res.Replayed() {
+			b.Fatalf("not replayed: %+v", res)
+		}
+	}
+}
+
+// BenchmarkDo runs a no-op provider inline for a fresh key each time: the
+// committed claim, the call and the recorded outcome.
+func BenchmarkDo(b *testing.B) {
+	b.Run("Pgx", func(b *testing.B) { benchmarkDo(b, pgxBenchDriver()) })
+	b.Run("DatabaseSQL", func(b *testing.B) { benchmarkDo(b, stdBenchDriver()) })
+}
+
+func benchmarkDo[TTx any](b *testing.B, d benchDriver[TTx]) {
+	ctx := b.Context()
+	client := benchClient(b, d, outbox.Config{})
+
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		res, err := client.Do(ctx, benchCall(i), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.State != outbox.StateSucceeded {
+			b.Fatalf("call %d: state %s", i, res.State)
+		}
+	}
+}
