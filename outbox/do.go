@@ -79,24 +79,19 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		// store holds instead.
 		return c.get(ctx, c.store.Executor(), d.Key)
 	}
-	res.Attempts = out.Attempt
-	res.RetryAfter = 0
-	switch out.Kind {
-	case OutcomeSucceeded:
-		res.State, res.Response = StateSucceeded, out.Response
-	case OutcomeFailed:
-		res.State, res.Failure = StateFailed, out.Failure
-	case OutcomeNeedsReview:
-		res.State = StateNeedsReview
-	case OutcomeRetry:
-		res.State, res.RetryAfter = StatePending, retryAfterMin
-		return res, fmt.Errorf("%w: %w", ErrProviderFailed, out.Err)
+	// Read back what was recorded, so that timestamps come from the same
+	// clock as every later Get.
+	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
+	defer cancel()
+	recorded, err := c.get(readCtx, c.store.Executor(), d.Key)
+	if err != nil {
+		return recorded, err
 	}
-	if out.Kind != OutcomeNeedsReview {
-		res.CompletedAt = c.now()
+	recorded.Created = res.Created
+	if out.Kind == OutcomeRetry {
+		return recorded, fmt.Errorf("%w: %w", ErrProviderFailed, out.Err)
 	}
-	res.UpdatedAt = c.now()
-	return res, nil
+	return recorded, nil
 }
 
 func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxClaimKeyRow, error) {

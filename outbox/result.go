@@ -46,13 +46,15 @@ func (r Result) Replayed() bool {
 // context for a tool call. Its JSON shape is a stable contract:
 //
 //	{"status":"succeeded","key":"k1_…","replayed":true,"response":<verbatim>}
-//	{"status":"failed","key":"k1_…","replayed":false,"failure":<verbatim>}
-//	{"status":"in_progress","key":"k1_…","retry_after_ms":250}
+//	{"status":"failed","key":"k1_…","failure":<verbatim>}
+//	{"status":"in_progress","key":"k1_…","retry_after_ms":250,"message":"…"}
 //	{"status":"needs_review","key":"k1_…","message":"…"}
 //	{"status":"expired","key":"k1_…","completed_at":"2026-…Z","message":"…"}
 //
-// response and failure are the stored bytes exactly as the provider returned
-// them; bytes that are not valid JSON appear as a JSON string instead.
+// replayed appears, as true, only when the outcome was stored by an earlier
+// request. response and failure are the stored bytes exactly as the provider
+// returned them; bytes that are not valid JSON appear as a JSON string
+// instead.
 type Observation struct {
 	Status       string          `json:"status"`
 	Key          Key             `json:"key"`
