@@ -112,10 +112,14 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	defer poll.Stop()
 	lastUnservedCheck := time.Time{}
 
+	// Claim when at least half a batch of slots is free, or when idle: every
+	// claim is a transaction of its own, and many small ones cost more than
+	// the calls they carry.
+	claimAt := max(1, min(d.config.BatchSize, d.config.Concurrency)/2)
 	for ctx.Err() == nil {
 		free := cap(slots) - len(slots)
 		claimed := 0
-		if free > 0 {
+		if free >= claimAt || free == cap(slots) {
 			attempts, err := d.claim(ctx, min(free, d.config.BatchSize))
 			if err != nil && ctx.Err() == nil {
 				d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err)

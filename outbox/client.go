@@ -19,9 +19,10 @@ import (
 // Client[*sql.Tx] and [NewPgx] a Client[pgx.Tx]; both share one
 // implementation. A Client is safe for concurrent use.
 type Client[TTx any] struct {
-	config Config
-	driver store.Driver[TTx]
-	store  *store.Store
+	config  Config
+	driver  store.Driver[TTx]
+	store   *store.Store
+	waiters waiters
 }
 
 // New returns a client over db, which must be opened with pgx's stdlib

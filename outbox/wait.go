@@ -2,10 +2,13 @@ package outbox
 
 import (
 	"context"
-	"errors"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 // Polling bounds of [Client.Wait]: it re-reads the key at least this often
@@ -16,10 +19,10 @@ const (
 )
 
 // Wait returns key's result as soon as the key leaves pending and in flight:
-// succeeded, failed, needs review or expired. It listens for the completing
-// transaction's notification on a connection of its own, and re-reads the key
-// with a backoff up to 2s in case a notification is missed or the listening
-// connection drops.
+// succeeded, failed, needs review or expired. Completing transactions notify
+// their keys; all the waits of one client share one listening connection,
+// held while any wait is running. Wait also re-reads the key with a backoff
+// up to 2s, in case a notification is missed or the connection drops.
 //
 // When ctx is done first, Wait returns the last state it saw and ctx's error.
 // It returns [ErrNotFound] for a key never submitted.
@@ -30,34 +33,10 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	}
 
 	woken := make(chan struct{}, 1)
-	wake := func() {
-		select {
-		case woken <- struct{}{}:
-		default:
-		}
-	}
-	listenCtx, stopListening := context.WithCancel(ctx)
-	listenDone := make(chan error, 1)
 	if !c.config.NotifyDisabled {
-		go func() {
-			listenDone <- c.store.Listen(listenCtx, []string{c.store.DoneChannel}, wake,
-				func(n *pgconn.Notification) {
-					if n.Payload == string(key) {
-						wake()
-					}
-				})
-		}()
-	} else {
-		listenDone <- nil
+		unsubscribe := c.waiters.subscribe(c.store, c.config, key, woken)
+		defer unsubscribe()
 	}
-	defer func() {
-		stopListening()
-		// The listener ends with ctx's error, or earlier when its connection
-		// failed; polling covered for it either way.
-		if err := <-listenDone; err != nil && !errors.Is(err, context.Canceled) {
-			c.config.Logger.DebugContext(ctx, "pgonce: wait listener ended", "error", err)
-		}
-	}()
 
 	poll := waitPollMin
 	timer := time.NewTimer(poll)
@@ -82,5 +61,111 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 			return res, nil
 		}
 		timer.Reset(poll)
+	}
+}
+
+// waiters fans the notifications of one listening connection out to the
+// waits of a client. The listener runs while at least one wait does.
+type waiters struct {
+	mu     sync.Mutex
+	byKey  map[Key]map[chan struct{}]struct{}
+	count  int
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// subscribe registers woken for key, starting the listener if it is the
+// first wait. woken receives a value when key may have changed, and after
+// every (re)connection of the listener. The returned function unregisters,
+// and stops the listener after the last wait.
+func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan struct{}) func() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byKey == nil {
+		w.byKey = make(map[Key]map[chan struct{}]struct{})
+	}
+	if w.byKey[key] == nil {
+		w.byKey[key] = make(map[chan struct{}]struct{})
+	}
+	w.byKey[key][woken] = struct{}{}
+	w.count++
+	if w.count == 1 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		w.cancel, w.done = cancel, done
+		go func() {
+			defer close(done)
+			w.listen(ctx, s, config)
+		}()
+	}
+	return func() {
+		w.mu.Lock()
+		delete(w.byKey[key], woken)
+		if len(w.byKey[key]) == 0 {
+			delete(w.byKey, key)
+		}
+		w.count--
+		var cancel context.CancelFunc
+		var done chan struct{}
+		if w.count == 0 {
+			cancel, done = w.cancel, w.done
+			w.cancel, w.done = nil, nil
+		}
+		w.mu.Unlock()
+		if cancel != nil {
+			cancel()
+			<-done
+		}
+	}
+}
+
+func (w *waiters) listen(ctx context.Context, s *store.Store, config Config) {
+	retry := waitPollMin
+	for ctx.Err() == nil {
+		err := s.Listen(ctx, []string{s.DoneChannel}, func() {
+			retry = waitPollMin
+			w.wakeAll() // re-check whatever finished while not listening
+		}, func(n *pgconn.Notification) {
+			w.wake(n.Payload)
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		config.Logger.DebugContext(ctx, "pgonce: wait listener lost its connection; polling until it reconnects",
+			"error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, waitPollMax)
+	}
+}
+
+// wake wakes the waits of the keys in payload, a comma-separated list.
+func (w *waiters) wake(payload string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for key := range strings.SplitSeq(payload, ",") {
+		for woken := range w.byKey[Key(key)] {
+			signal(woken)
+		}
+	}
+}
+
+func (w *waiters) wakeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, chans := range w.byKey {
+		for woken := range chans {
+			signal(woken)
+		}
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }

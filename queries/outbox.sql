@@ -143,10 +143,19 @@ updated AS (
     WHERE pgonce_key.key = outcome.key
     RETURNING pgonce_key.key
 ),
+-- One notification carries up to 100 comma-separated keys, well within the
+-- 8000-byte payload limit: a notification per key would make a batch pay
+-- for each.
 notified AS (
-    SELECT pg_notify(@channel::text, updated.key)
-    FROM updated
+    SELECT pg_notify(@channel::text, string_agg(numbered.key, ','))
+    FROM (
+        SELECT
+            updated.key,
+            (row_number() OVER () - 1) / 100 AS chunk
+        FROM updated
+    ) AS numbered
     WHERE @channel::text <> ''
+    GROUP BY numbered.chunk
 )
 SELECT
     updated.key,

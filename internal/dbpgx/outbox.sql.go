@@ -323,9 +323,15 @@ updated AS (
     RETURNING pgonce_key.key
 ),
 notified AS (
-    SELECT pg_notify($8::text, updated.key)
-    FROM updated
+    SELECT pg_notify($8::text, string_agg(numbered.key, ','))
+    FROM (
+        SELECT
+            updated.key,
+            (row_number() OVER () - 1) / 100 AS chunk
+        FROM updated
+    ) AS numbered
     WHERE $8::text <> ''
+    GROUP BY numbered.chunk
 )
 SELECT
     updated.key,
@@ -354,6 +360,9 @@ type OutboxFinishRow struct {
 // attempt under a lease is retired, and only a retired row's key is written,
 // so a late writer whose lease was taken over changes nothing. Terminal
 // outcomes start the retention of the key; needs_review keeps the key without one.
+// One notification carries up to 100 comma-separated keys, well within the
+// 8000-byte payload limit: a notification per key would make a batch pay
+// for each.
 func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishParams) ([]*OutboxFinishRow, error) {
 	rows, err := db.Query(ctx, outboxFinish,
 		arg.Key,

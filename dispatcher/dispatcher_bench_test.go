@@ -1,0 +1,463 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// The benchmarks run dispatchers against the test database with a no-op
+// provider, so that they time the dispatcher's own work: claims, the
+// hand-off to workers and the recording of outcomes. Queues are filled
+// outside the timer with one INSERT … SELECT over generate_series that
+// writes the rows KeyInsert would. Times are reported, never asserted; read
+// medians of -count=3 or more with benchstat.
+
+const (
+	// benchTool is the one tool the benchmarks register.
+	benchTool = "noop"
+
+	// drainRows is how many pending rows one BenchmarkDrain iteration
+	// drains: the queue size the project cares about.
+	drainRows = 100_000
+
+	// claimRows is the batch one BenchmarkClaim iteration submits and
+	// drains: one claim's worth.
+	claimRows = 100
+
+	// benchTimeout bounds every wait, so that a lost row fails the
+	// benchmark instead of hanging it.
+	benchTimeout = 5 * time.Minute
+)
+
+// benchProvider succeeds at once with {} and counts its calls.
+type benchProvider struct {
+	calls   atomic.Int64
+	target  atomic.Int64
+	reached chan struct{}
+}
+
+func newBenchProvider() *benchProvider {
+	return &benchProvider{reached: make(chan struct{}, 1)}
+}
+
+func (p *benchProvider) Call(context.Context, outbox.Request) (json.RawMessage, error) {
+	if p.calls.Add(1) == p.target.Load() {
+		p.reached <- struct{}{}
+	}
+	return json.RawMessage(`{}`), nil
+}
+
+// expect arms the provider to signal once n more calls have happened. No
+// call may be running when it is called.
+func (p *benchProvider) expect(n int) <-chan struct{} {
+	p.target.Store(p.calls.Load() + int64(n))
+	return p.reached
+}
+
+// benchClient returns a client over schema that serves benchTool with
+// provider.
+func benchClient(b *testing.B, schema string, provider outbox.Provider) *outbox.Client[pgx.Tx] {
+	b.Helper()
+	registry := outbox.NewRegistry()
+	require.NoError(b, registry.Register(benchTool, provider, outbox.IdempotentByKey))
+	client, err := outbox.NewPgx(pgoncetest.Pool(b), outbox.Config{Schema: schema, Registry: registry})
+	require.NoError(b, err)
+	return client
+}
+
+// benchRun starts count dispatchers over client. stop cancels them and
+// waits until every Run has returned; it is also registered as a cleanup.
+func benchRun(b *testing.B, client *outbox.Client[pgx.Tx], config dispatcher.Config, count int) (stop func()) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, count)
+	for range count {
+		d, err := dispatcher.New(client, config)
+		require.NoError(b, err)
+		go func() { errs <- d.Run(ctx) }()
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			for range count {
+				require.NoError(b, <-errs)
+			}
+		})
+	}
+	b.Cleanup(stop)
+	return stop
+}
+
+// benchFill queues rows pending calls of benchTool in schema, with keys,
+// scopes and steps derived from prefix, and returns their keys. The rows
+// mirror what KeyInsert writes; no notification is sent.
+func benchFill(b *testing.B, schema, prefix string, rows int) []string {
+	b.Helper()
+	ctx := context.Background()
+	quoted := ident.Quote(schema)
+	dbRows, err := pgoncetest.Pool(b).Query(ctx, `WITH inserted AS (
+		INSERT INTO `+quoted+`.pgonce_key (
+			key,
+			scope,
+			tenant,
+			run_id,
+			step,
+			business_key,
+			tool,
+			natural_id,
+			fingerprint,
+			args
+		)
+		SELECT
+			'k1_' || encode(sha256(convert_to($1::text || '/' || i, 'UTF8')), 'hex'),
+			encode(sha256(convert_to('scope/' || $1::text || '/' || i, 'UTF8')), 'hex'),
+			'',
+			$1::text,
+			i,
+			'',
+			$2::text,
+			'',
+			encode(sha256(convert_to('fingerprint/' || $2::text, 'UTF8')), 'hex'),
+			'{}'::bytea
+		FROM generate_series(1, $3::bigint) AS i
+		RETURNING
+			pgonce_key.key,
+			pgonce_key.tool
+	)
+	INSERT INTO `+quoted+`.pgonce_outbox (key, tool)
+	SELECT inserted.key, inserted.tool
+	FROM inserted
+	RETURNING pgonce_outbox.key`, prefix, benchTool, rows)
+	require.NoError(b, err)
+	keys, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
+	require.NoError(b, err)
+	require.Len(b, keys, rows)
+	return keys
+}
+
+// benchFinished adds rows succeeded keys with no outbox row to schema: the
+// history that retention keeps for 30 days.
+func benchFinished(b *testing.B, schema string, rows int) {
+	b.Helper()
+	_, err := pgoncetest.Pool(b).Exec(context.Background(), `INSERT INTO `+ident.Quote(schema)+`.pgonce_key (
+		key,
+		scope,
+		tenant,
+		run_id,
+		step,
+		business_key,
+		tool,
+		natural_id,
+		fingerprint,
+		args,
+		state,
+		response,
+		completed_at,
+		expires_at
+	)
+	SELECT
+		'k1_' || encode(sha256(convert_to('finished/' || i, 'UTF8')), 'hex'),
+		encode(sha256(convert_to('scope/finished/' || i, 'UTF8')), 'hex'),
+		'',
+		'finished',
+		i,
+		'',
+		$1::text,
+		'',
+		encode(sha256(convert_to('fingerprint/' || $1::text, 'UTF8')), 'hex'),
+		'{}'::bytea,
+		'succeeded',
+		'{}'::bytea,
+		now(),
+		now() + interval '30 days'
+	FROM generate_series(1, $2::bigint) AS i`, benchTool, rows)
+	require.NoError(b, err)
+}
+
+// benchAnalyze refreshes the planner's statistics of schema's tables, as
+// autovacuum would on a long-lived queue.
+func benchAnalyze(b *testing.B, schema string) {
+	b.Helper()
+	quoted := ident.Quote(schema)
+	_, err := pgoncetest.Pool(b).Exec(context.Background(),
+		`ANALYZE `+quoted+`.pgonce_key, `+quoted+`.pgonce_outbox`)
+	require.NoError(b, err)
+}
+
+// benchAwait waits for a signal on ch, and fails b after benchTimeout.
+func benchAwait(b *testing.B, ch <-chan struct{}, what string) {
+	b.Helper()
+	select {
+	case <-ch:
+	case <-time.After(benchTimeout):
+		b.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// benchAwaitEmpty waits until schema's outbox holds no row: every outcome
+// is recorded.
+func benchAwaitEmpty(b *testing.B, schema string) {
+	b.Helper()
+	query := `SELECT EXISTS (SELECT 1 FROM ` + ident.Quote(schema) + `.pgonce_outbox)`
+	deadline := time.Now().Add(benchTimeout)
+	for {
+		var open bool
+		require.NoError(b, pgoncetest.Pool(b).QueryRow(context.Background(), query).Scan(&open))
+		if !open {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("timed out waiting for the outbox to empty")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// benchAwaitListening waits until a dispatcher listens on schema's work
+// channel, so that a notification sent from now on wakes it.
+func benchAwaitListening(b *testing.B, schema string) {
+	b.Helper()
+	listen := "LISTEN " + ident.Quote(ident.WorkChannel(schema))
+	deadline := time.Now().Add(benchTimeout)
+	for {
+		var listening bool
+		require.NoError(b, pgoncetest.Pool(b).QueryRow(context.Background(),
+			`SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query = $1 AND state = 'idle')`,
+			listen).Scan(&listening))
+		if listening {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("timed out waiting for the dispatcher to listen")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// BenchmarkDrain drains a queue of drainRows pending rows with 1, 2 and 4
+// dispatchers, started once the queue is full, and reports calls/s. An
+// iteration ends when the provider has seen every row and every outcome is
+// recorded.
+func BenchmarkDrain(b *testing.B) {
+	for _, dispatchers := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("Dispatchers=%d", dispatchers), func(b *testing.B) {
+			schema := pgoncetest.Schema(b)
+			provider := newBenchProvider()
+			client := benchClient(b, schema, provider)
+			// No-op calls are cheap: many slots and big batches make few,
+			// large transactions, which is what bounds the drain.
+			config := dispatcher.Config{
+				Concurrency:  512,
+				BatchSize:    512,
+				PollInterval: 10 * time.Millisecond,
+			}
+			var elapsed time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				benchFill(b, schema, fmt.Sprintf("drain/%d", i), drainRows)
+				benchAnalyze(b, schema)
+				reached := provider.expect(drainRows)
+				b.StartTimer()
+
+				began := time.Now()
+				stop := benchRun(b, client, config, dispatchers)
+				benchAwait(b, reached, "the provider calls")
+				benchAwaitEmpty(b, schema)
+				elapsed += time.Since(began)
+
+				b.StopTimer()
+				stop()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.N*drainRows)/elapsed.Seconds(), "calls/s")
+		})
+	}
+}
+
+// BenchmarkClaim times the dispatch of one batch of claimRows rows, from
+// the notification that wakes a waiting dispatcher to the commit of the
+// last outcome, while the key table also holds 10 thousand or 1 million
+// finished keys. Claims read only the outbox, whose size does not change,
+// so ns/row should not either. Each fixture is built once per process and
+// shared by every -count; the batch's keys are deleted after each
+// iteration, so that the key table keeps its size.
+func BenchmarkClaim(b *testing.B) {
+	parent := b
+	for _, tt := range []struct {
+		name     string
+		finished int
+	}{
+		{name: "Finished=10k", finished: 10_000},
+		{name: "Finished=1M", finished: 1_000_000},
+	} {
+		var (
+			once   sync.Once
+			schema string
+			runs   atomic.Int64
+		)
+		b.Run(tt.name, func(b *testing.B) {
+			once.Do(func() {
+				name := pgoncetest.NewSchemaName(b)
+				parent.Cleanup(func() { pgoncetest.DropSchema(parent, name) })
+				ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+				defer cancel()
+				require.NoError(b, migrations.Up(ctx, pgoncetest.DB(b), name))
+				benchFinished(b, name, tt.finished)
+				benchAnalyze(b, name)
+				schema = name
+			})
+			if schema == "" {
+				b.Fatal("the fixture of finished keys could not be built")
+			}
+			provider := newBenchProvider()
+			client := benchClient(b, schema, provider)
+			// One claim takes the whole batch; only a notification wakes
+			// the dispatcher.
+			config := dispatcher.Config{
+				Concurrency:  claimRows,
+				BatchSize:    claimRows,
+				PollInterval: time.Hour,
+			}
+			stop := benchRun(b, client, config, 1)
+			defer stop()
+			benchAwaitListening(b, schema)
+			done := benchListenDone(b, schema)
+
+			ctx := context.Background()
+			quoted := ident.Quote(schema)
+			run := runs.Add(1)
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				keys := benchFill(b, schema, fmt.Sprintf("claim/%d/%d", run, i), claimRows)
+				reached := provider.expect(claimRows)
+				b.StartTimer()
+
+				_, err := pgoncetest.Pool(b).Exec(ctx, `SELECT pg_notify($1, '')`, ident.WorkChannel(schema))
+				require.NoError(b, err)
+				benchAwait(b, reached, "the provider calls")
+				done.await(b, claimRows)
+
+				b.StopTimer()
+				_, err = pgoncetest.Pool(b).Exec(ctx, `DELETE FROM `+quoted+`.pgonce_key WHERE key = any($1::text[])`, keys)
+				require.NoError(b, err)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*claimRows), "ns/row")
+		})
+	}
+}
+
+// benchDone counts the notifications of schema's done channel: one per
+// key whose outcome is committed.
+type benchDone struct {
+	notifications chan struct{}
+}
+
+// benchListenDone listens on schema's done channel until b ends.
+func benchListenDone(b *testing.B, schema string) *benchDone {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgoncetest.Pool(b).Acquire(ctx)
+	require.NoError(b, err)
+	_, err = conn.Exec(ctx, "LISTEN "+ident.Quote(ident.DoneChannel(schema)))
+	if err != nil {
+		conn.Release()
+		cancel()
+		require.NoError(b, err)
+	}
+	done := &benchDone{notifications: make(chan struct{}, 1024)}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+				return
+			}
+			done.notifications <- struct{}{}
+		}
+	}()
+	b.Cleanup(func() {
+		cancel()
+		<-stopped
+		// A cancelled wait closes the connection, so it never returns to
+		// the pool listening.
+		conn.Release()
+	})
+	return done
+}
+
+// await waits for n notifications.
+func (d *benchDone) await(b *testing.B, n int) {
+	b.Helper()
+	timeout := time.After(benchTimeout)
+	for range n {
+		select {
+		case <-d.notifications:
+		case <-timeout:
+			b.Fatal("timed out waiting for outcomes to be recorded")
+		}
+	}
+}
+
+// BenchmarkLatency times, with notifications on, the delay from the commit
+// of a submitted call to its provider call. The dispatcher polls once an
+// hour, so only the notification wakes it. It reports the median and the
+// 99th percentile in milliseconds.
+func BenchmarkLatency(b *testing.B) {
+	schema := pgoncetest.Schema(b)
+	called := make(chan time.Time, 1)
+	provider := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+		called <- time.Now()
+		return json.RawMessage(`{}`), nil
+	})
+	client := benchClient(b, schema, provider)
+	stop := benchRun(b, client, dispatcher.Config{PollInterval: time.Hour}, 1)
+	defer stop()
+	benchAwaitListening(b, schema)
+
+	ctx := context.Background()
+	latencies := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		_, err := client.Submit(ctx, outbox.Call{RunID: "latency", Step: int64(i), Tool: benchTool, Args: map[string]any{}})
+		require.NoError(b, err)
+		committed := time.Now()
+		select {
+		case calledAt := <-called:
+			latencies = append(latencies, calledAt.Sub(committed))
+		case <-time.After(benchTimeout):
+			b.Fatal("timed out waiting for the provider call")
+		}
+	}
+	b.StopTimer()
+	slices.Sort(latencies)
+	b.ReportMetric(benchQuantile(latencies, 0.50), "p50-ms")
+	b.ReportMetric(benchQuantile(latencies, 0.99), "p99-ms")
+}
+
+// benchQuantile returns the q quantile of sorted, in milliseconds.
+func benchQuantile(sorted []time.Duration, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := min(int(q*float64(len(sorted))), len(sorted)-1)
+	return float64(sorted[i].Nanoseconds()) / 1e6
+}
