@@ -209,11 +209,7 @@ func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]b
 			release.Attempt = append(release.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
 			release.DelayMs = append(release.DelayMs, o.RetryDelay.Milliseconds())
 			release.Ambiguous = append(release.Ambiguous, o.Ambiguous)
-			lastError := ""
-			if o.Err != nil {
-				lastError = o.Err.Error()
-			}
-			release.LastError = append(release.LastError, lastError)
+			release.LastError = append(release.LastError, errorText(o.Err))
 			continue
 		}
 		state := map[OutcomeKind]string{
@@ -227,6 +223,7 @@ func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]b
 		finish.Response = append(finish.Response, o.Response)
 		finish.Failure = append(finish.Failure, o.Failure)
 		finish.RetentionMs = append(finish.RetentionMs, o.Retention.Milliseconds())
+		finish.LastError = append(finish.LastError, errorText(o.Err))
 	}
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		if len(finish.Key) > 0 {
@@ -250,4 +247,11 @@ func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]b
 		return nil
 	})
 	return written, err
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

@@ -243,6 +243,9 @@ func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
 	if row.CompletedAt != nil {
 		res.CompletedAt = *row.CompletedAt
 	}
+	if row.LastError != nil {
+		res.LastError = *row.LastError
+	}
 	switch row.State {
 	case dbStateOpen:
 		res.State = StatePending
@@ -286,6 +289,11 @@ func (c *Client[TTx]) retryAfter(state State, availableAt time.Time, leaseUntil 
 	}
 	return max(availableAt.Sub(now), retryAfterMin)
 }
+
+// Now returns the client's current time: [Config.NowFunc]'s when set, the
+// local clock's otherwise. The dispatcher and reconciler use it for the
+// windows they measure in Go.
+func (c *Client[TTx]) Now() time.Time { return c.now() }
 
 func (c *Client[TTx]) now() time.Time {
 	if c.config.NowFunc != nil {

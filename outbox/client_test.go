@@ -507,6 +507,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		res, err := bundle.client.Do(t.Context(), call, provider)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StateNeedsReview, res.State)
+		require.Contains(t, res.LastError, "connection reset after send")
 
 		again, err := bundle.client.Do(t.Context(), call, provider)
 		require.NoError(t, err)

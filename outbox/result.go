@@ -35,6 +35,10 @@ type Result struct {
 	// RetryAfter suggests, while the key is pending or in flight, when to
 	// ask again. Zero otherwise.
 	RetryAfter time.Duration
+	// LastError says why the last attempt of a finished or needs-review key
+	// did not succeed, for operators; empty otherwise. A pending key's last
+	// error is in [Inspection.Queue].
+	LastError string
 }
 
 // Replayed reports whether r returns an outcome stored by an earlier request.

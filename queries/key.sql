@@ -108,6 +108,7 @@ SELECT
     pgonce_key.updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.last_error,
     pgonce_outbox.attempt AS outbox_attempt,
     pgonce_outbox.available_at,
     pgonce_outbox.lease_until
@@ -137,6 +138,7 @@ SELECT
     pgonce_key.updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.last_error,
     pgonce_outbox.attempt AS outbox_attempt,
     pgonce_outbox.available_at,
     pgonce_outbox.lease_until

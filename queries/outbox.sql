@@ -111,7 +111,8 @@ WITH outcome AS (
         unnest(@state::text[]) AS state,
         unnest(@response::bytea[]) AS response,
         unnest(@failure::bytea[]) AS failure,
-        unnest(@retention_ms::bigint[]) AS retention_ms
+        unnest(@retention_ms::bigint[]) AS retention_ms,
+        unnest(@last_error::text[]) AS last_error
 ),
 retired AS (
     DELETE FROM pgonce_outbox
@@ -130,6 +131,7 @@ updated AS (
         response = outcome.response,
         failure = outcome.failure,
         attempt = retired.attempt,
+        last_error = nullif(outcome.last_error, ''),
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
         completed_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())

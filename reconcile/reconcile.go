@@ -28,7 +28,10 @@ var ErrInvalidConfig = errors.New("invalid reconcile config")
 // Config configures a [Reconciler]. Its zero value works.
 type Config struct {
 	// Grace is how long past its lease an in-flight row waits before it is
-	// resolved. Defaults to [GraceDefault].
+	// resolved. It must exceed the longest time a request of a dead worker
+	// can still be travelling to a provider: after a natural-id lookup finds
+	// nothing, the next attempt calls the provider again, and a request
+	// still in transit could then act too. Defaults to [GraceDefault].
 	Grace time.Duration
 
 	// BatchSize is the most rows one statement takes. RunOnce repeats until
@@ -249,7 +252,7 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
 	}
 	lookuper, canLookup := tool.Provider.(outbox.Lookuper)
-	pastKeyWindow := tool.Opts.KeyRetention > 0 && time.Since(row.FirstAttemptedAt) > tool.Opts.KeyRetention
+	pastKeyWindow := tool.Opts.KeyRetention > 0 && r.client.Now().Sub(row.FirstAttemptedAt) > tool.Opts.KeyRetention
 	switch {
 	case tool.Delivery == outbox.AtMostOnce,
 		tool.Delivery == outbox.IdempotentByKey && pastKeyWindow && !canLookup:

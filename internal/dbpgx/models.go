@@ -27,6 +27,7 @@ type PgonceKey struct {
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
+	LastError   *string
 }
 
 type PgonceOutbox struct {

@@ -290,7 +290,8 @@ WITH outcome AS (
         unnest($3::text[]) AS state,
         unnest($4::bytea[]) AS response,
         unnest($5::bytea[]) AS failure,
-        unnest($6::bigint[]) AS retention_ms
+        unnest($6::bigint[]) AS retention_ms,
+        unnest($7::text[]) AS last_error
 ),
 retired AS (
     DELETE FROM pgonce_outbox
@@ -309,13 +310,14 @@ updated AS (
         response = outcome.response,
         failure = outcome.failure,
         attempt = retired.attempt,
-        updated_at = coalesce($7::timestamptz, now()),
+        last_error = nullif(outcome.last_error, ''),
+        updated_at = coalesce($8::timestamptz, now()),
         completed_at = CASE
-            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($7::timestamptz, now())
+            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($8::timestamptz, now())
         END,
         expires_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed')
-                THEN coalesce($7::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+                THEN coalesce($8::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
         END
     FROM outcome
     JOIN retired ON retired.key = outcome.key
@@ -323,14 +325,14 @@ updated AS (
     RETURNING pgonce_key.key
 ),
 notified AS (
-    SELECT pg_notify($8::text, string_agg(numbered.key, ','))
+    SELECT pg_notify($9::text, string_agg(numbered.key, ','))
     FROM (
         SELECT
             updated.key,
             (row_number() OVER () - 1) / 100 AS chunk
         FROM updated
     ) AS numbered
-    WHERE $8::text <> ''
+    WHERE $9::text <> ''
     GROUP BY numbered.chunk
 )
 SELECT
@@ -346,6 +348,7 @@ type OutboxFinishParams struct {
 	Response    [][]byte
 	Failure     [][]byte
 	RetentionMs []int64
+	LastError   []string
 	Now         *time.Time
 	Channel     string
 }
@@ -371,6 +374,7 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 		arg.Response,
 		arg.Failure,
 		arg.RetentionMs,
+		arg.LastError,
 		arg.Now,
 		arg.Channel,
 	)

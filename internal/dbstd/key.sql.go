@@ -93,6 +93,7 @@ SELECT
     pgonce_key.updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.last_error,
     pgonce_outbox.attempt AS outbox_attempt,
     pgonce_outbox.available_at,
     pgonce_outbox.lease_until
@@ -123,6 +124,7 @@ type KeyGetRow struct {
 	UpdatedAt     time.Time
 	CompletedAt   *time.Time
 	ExpiresAt     *time.Time
+	LastError     *string
 	OutboxAttempt *int32
 	AvailableAt   *time.Time
 	LeaseUntil    *time.Time
@@ -149,6 +151,7 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.UpdatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
+		&i.LastError,
 		&i.OutboxAttempt,
 		&i.AvailableAt,
 		&i.LeaseUntil,
@@ -192,6 +195,7 @@ SELECT
     pgonce_key.updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.last_error,
     pgonce_outbox.attempt AS outbox_attempt,
     pgonce_outbox.available_at,
     pgonce_outbox.lease_until
@@ -226,6 +230,7 @@ type KeyGetByKeyOrScopeRow struct {
 	UpdatedAt     time.Time
 	CompletedAt   *time.Time
 	ExpiresAt     *time.Time
+	LastError     *string
 	OutboxAttempt *int32
 	AvailableAt   *time.Time
 	LeaseUntil    *time.Time
@@ -254,6 +259,7 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 		&i.UpdatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
+		&i.LastError,
 		&i.OutboxAttempt,
 		&i.AvailableAt,
 		&i.LeaseUntil,
