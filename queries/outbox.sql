@@ -99,24 +99,19 @@ SELECT
 FROM updated;
 
 -- name: OutboxFinish :many
--- OutboxFinish records the outcomes of finished attempts, several at once. Each
--- outcome is fenced by its attempt: only the outbox row that still holds that
--- attempt under a lease is retired, and only a retired row's key is written,
--- so a late writer whose lease was taken over changes nothing. Terminal
--- outcomes start the retention of the key; needs_review keeps the key without one.
-WITH outcome AS (
-    SELECT
-        unnest(@key::text[]) AS key,
-        unnest(@attempt::integer[]) AS attempt,
-        unnest(@state::text[]) AS state,
-        unnest(@response::bytea[]) AS response,
-        unnest(@failure::bytea[]) AS failure,
-        unnest(@retention_ms::bigint[]) AS retention_ms,
-        unnest(@last_error::text[]) AS last_error
-),
-retired AS (
+-- OutboxFinish records the outcomes of finished attempts, several at once,
+-- given as parallel arrays. Each outcome is fenced by its attempt: only the
+-- outbox row that still holds that attempt under a lease is retired, and only
+-- a retired row's key is written, so a late writer whose lease was taken over
+-- changes nothing. Terminal outcomes start the retention of the key;
+-- needs_review keeps the key without one.
+WITH retired AS (
     DELETE FROM pgonce_outbox
-    USING outcome
+    USING (
+        SELECT
+            unnest(@key::text[]) AS key,
+            unnest(@attempt::integer[]) AS attempt
+    ) AS outcome
     WHERE pgonce_outbox.key = outcome.key
         AND pgonce_outbox.attempt = outcome.attempt
         AND pgonce_outbox.lease_until IS NOT NULL
@@ -124,25 +119,35 @@ retired AS (
         pgonce_outbox.key,
         pgonce_outbox.attempt
 ),
+-- Each retired key finds its outcome by its position in the arrays. Joining
+-- retired to an unnested outcome relation instead is quadratic under the
+-- generic plan of a prepared statement, which cannot see the array sizes.
+done AS (
+    SELECT
+        retired.key,
+        retired.attempt,
+        array_position(@key::text[], retired.key) AS i
+    FROM retired
+),
 updated AS (
     UPDATE pgonce_key
     SET
-        state = outcome.state,
-        response = outcome.response,
-        failure = outcome.failure,
-        attempt = retired.attempt,
-        last_error = nullif(outcome.last_error, ''),
+        state = (@state::text[])[done.i],
+        response = (@response::bytea[])[done.i],
+        failure = (@failure::bytea[])[done.i],
+        attempt = done.attempt,
+        last_error = nullif((@last_error::text[])[done.i], ''),
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
         completed_at = CASE
-            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())
+            WHEN (@state::text[])[done.i] IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())
         END,
         expires_at = CASE
-            WHEN outcome.state IN ('succeeded', 'failed')
-                THEN coalesce(sqlc.narg('now')::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+            WHEN (@state::text[])[done.i] IN ('succeeded', 'failed')
+                THEN coalesce(sqlc.narg('now')::timestamptz, now())
+                    + (sqlc.arg('retention_ms')::bigint[])[done.i] * interval '1 millisecond'
         END
-    FROM outcome
-    JOIN retired ON retired.key = outcome.key
-    WHERE pgonce_key.key = outcome.key
+    FROM done
+    WHERE pgonce_key.key = done.key
     RETURNING pgonce_key.key
 ),
 -- One notification carries up to 100 comma-separated keys, well within the

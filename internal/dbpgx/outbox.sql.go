@@ -283,19 +283,13 @@ func (q *Queries) OutboxCountUnserved(ctx context.Context, db DBTX, arg *OutboxC
 }
 
 const outboxFinish = `-- name: OutboxFinish :many
-WITH outcome AS (
-    SELECT
-        unnest($1::text[]) AS key,
-        unnest($2::integer[]) AS attempt,
-        unnest($3::text[]) AS state,
-        unnest($4::bytea[]) AS response,
-        unnest($5::bytea[]) AS failure,
-        unnest($6::bigint[]) AS retention_ms,
-        unnest($7::text[]) AS last_error
-),
-retired AS (
+WITH retired AS (
     DELETE FROM pgonce_outbox
-    USING outcome
+    USING (
+        SELECT
+            unnest($1::text[]) AS key,
+            unnest($2::integer[]) AS attempt
+    ) AS outcome
     WHERE pgonce_outbox.key = outcome.key
         AND pgonce_outbox.attempt = outcome.attempt
         AND pgonce_outbox.lease_until IS NOT NULL
@@ -303,25 +297,32 @@ retired AS (
         pgonce_outbox.key,
         pgonce_outbox.attempt
 ),
+done AS (
+    SELECT
+        retired.key,
+        retired.attempt,
+        array_position($1::text[], retired.key) AS i
+    FROM retired
+),
 updated AS (
     UPDATE pgonce_key
     SET
-        state = outcome.state,
-        response = outcome.response,
-        failure = outcome.failure,
-        attempt = retired.attempt,
-        last_error = nullif(outcome.last_error, ''),
-        updated_at = coalesce($8::timestamptz, now()),
+        state = ($3::text[])[done.i],
+        response = ($4::bytea[])[done.i],
+        failure = ($5::bytea[])[done.i],
+        attempt = done.attempt,
+        last_error = nullif(($6::text[])[done.i], ''),
+        updated_at = coalesce($7::timestamptz, now()),
         completed_at = CASE
-            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($8::timestamptz, now())
+            WHEN ($3::text[])[done.i] IN ('succeeded', 'failed') THEN coalesce($7::timestamptz, now())
         END,
         expires_at = CASE
-            WHEN outcome.state IN ('succeeded', 'failed')
-                THEN coalesce($8::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+            WHEN ($3::text[])[done.i] IN ('succeeded', 'failed')
+                THEN coalesce($7::timestamptz, now())
+                    + ($8::bigint[])[done.i] * interval '1 millisecond'
         END
-    FROM outcome
-    JOIN retired ON retired.key = outcome.key
-    WHERE pgonce_key.key = outcome.key
+    FROM done
+    WHERE pgonce_key.key = done.key
     RETURNING pgonce_key.key
 ),
 notified AS (
@@ -347,9 +348,9 @@ type OutboxFinishParams struct {
 	State       []string
 	Response    [][]byte
 	Failure     [][]byte
-	RetentionMs []int64
 	LastError   []string
 	Now         *time.Time
+	RetentionMs []int64
 	Channel     string
 }
 
@@ -358,11 +359,15 @@ type OutboxFinishRow struct {
 	Notified int64
 }
 
-// OutboxFinish records the outcomes of finished attempts, several at once. Each
-// outcome is fenced by its attempt: only the outbox row that still holds that
-// attempt under a lease is retired, and only a retired row's key is written,
-// so a late writer whose lease was taken over changes nothing. Terminal
-// outcomes start the retention of the key; needs_review keeps the key without one.
+// OutboxFinish records the outcomes of finished attempts, several at once,
+// given as parallel arrays. Each outcome is fenced by its attempt: only the
+// outbox row that still holds that attempt under a lease is retired, and only
+// a retired row's key is written, so a late writer whose lease was taken over
+// changes nothing. Terminal outcomes start the retention of the key;
+// needs_review keeps the key without one.
+// Each retired key finds its outcome by its position in the arrays. Joining
+// retired to an unnested outcome relation instead is quadratic under the
+// generic plan of a prepared statement, which cannot see the array sizes.
 // One notification carries up to 100 comma-separated keys, well within the
 // 8000-byte payload limit: a notification per key would make a batch pay
 // for each.
@@ -373,9 +378,9 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 		arg.State,
 		arg.Response,
 		arg.Failure,
-		arg.RetentionMs,
 		arg.LastError,
 		arg.Now,
+		arg.RetentionMs,
 		arg.Channel,
 	)
 	if err != nil {
