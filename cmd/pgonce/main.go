@@ -1,104 +1,188 @@
-// Command pgonce is the operator CLI for pgonce: migrations now, and status,
-// inspection, resolution, pruning and the demo as they land.
+// Command pgonce is the operator CLI for pgonce: it migrates a schema,
+// reports on it (status, inspect), resolves keys that need review, prunes
+// retention, reconciles expired leases without provider code, and runs the
+// refund demo.
+//
+// Usage:
+//
+//	pgonce [--database-url URL] [--schema NAME] COMMAND [flags] [args]
+//
+// Run `pgonce help` for the commands and `pgonce COMMAND --help` for a
+// command's flags. Exit codes are documented in [exitOK] and the README.
 package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
-
-	"github.com/pgonce/pgonce/migrations"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
 )
 
-const databaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+// Exit codes. Scripts and alerting may rely on them.
+const (
+	// exitOK: the command did what it was asked.
+	exitOK = 0
+	// exitFailure: the command failed: database unreachable, schema not
+	// migrated, a database error, a reconcile error, a broken demo
+	// invariant.
+	exitFailure = 1
+	// exitUsage: bad flags or arguments (including a malformed key, invalid
+	// JSON, an invalid schema name); nothing was changed.
+	exitUsage = 2
+	// exitAttention: the command worked and found something an operator
+	// must look at: status --fail-on-stuck found stuck work, reconcile
+	// --fail-on-skipped or --fail-on-stale found rows it left alone.
+	exitAttention = 3
+	// exitNotFound: the key does not exist in the schema.
+	exitNotFound = 4
+	// exitRefused: the key exists but its state does not allow the request
+	// (resolve of a key that is not in needs review, or that expired);
+	// nothing was changed.
+	exitRefused = 5
+)
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
+// command is one subcommand of the CLI.
+type command struct {
+	name     string
+	synopsis string // after "pgonce "
+	summary  string // one line for the command list
+	// help is the text above the flags in `pgonce NAME --help`.
+	help string
+	// flags adds the command's own flags to fs and returns the function
+	// that runs the command with its positional arguments.
+	flags func(fs *flag.FlagSet, e *env) func(ctx context.Context, args []string) error
+}
+
+func commands() []*command {
+	return []*command{
+		migrateCommand(),
+		statusCommand(),
+		inspectCommand(),
+		resolveCommand(),
+		pruneCommand(),
+		reconcileCommand(),
+		demoCommand(),
+	}
+}
+
+// run is the CLI without the process: it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	flags := flag.NewFlagSet("pgonce", flag.ContinueOnError)
-	flags.SetOutput(stderr)
-	databaseURL := flags.String("database-url", "", "PostgreSQL URL (default: $PGONCE_DATABASE_URL, $DATABASE_URL, then the local server)")
-	schema := flags.String("schema", migrations.SchemaDefault, "schema that holds pgonce's tables")
-	flags.Usage = func() {
-		fmt.Fprintln(stderr, "usage: pgonce [--database-url URL] [--schema NAME] migrate up|down|status")
-		flags.PrintDefaults()
-	}
-	if err := flags.Parse(args); err != nil {
-		return 2
-	}
-	if flags.NArg() != 2 || flags.Arg(0) != "migrate" {
-		flags.Usage()
-		return 2
-	}
-	url := firstNonEmpty(*databaseURL, os.Getenv("PGONCE_DATABASE_URL"), os.Getenv("DATABASE_URL"), databaseURLDefault)
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		fmt.Fprintf(stderr, "pgonce: %v\n", err)
-		return 1
-	}
-	defer func() { _ = db.Close() }()
-	if err := db.PingContext(ctx); err != nil {
-		fmt.Fprintf(stderr, "pgonce: database unreachable at %s: %v\n"+
-			"Start PostgreSQL or point --database-url / PGONCE_DATABASE_URL at one.\n", url, err)
-		return 1
-	}
-	switch flags.Arg(1) {
-	case "up":
-		err = migrations.Up(ctx, db, *schema)
-	case "down":
-		err = migrations.Down(ctx, db, *schema)
-	case "status":
-		var status []*migrationStatus
-		status, err = statusOf(ctx, db, *schema)
-		for _, s := range status {
-			fmt.Fprintf(stdout, "%05d  %-8s  %s\n", s.version, s.state, s.name)
-		}
-	default:
-		flags.Usage()
-		return 2
+	e := &env{stdout: stdout, stderr: stderr}
+	global := flag.NewFlagSet("pgonce", flag.ContinueOnError)
+	e.globalFlags(global)
+	rest, err := parseFlags(global, args, false)
+	if errors.Is(err, flag.ErrHelp) {
+		printMainUsage(stdout)
+		return exitOK
 	}
 	if err != nil {
-		if errors.Is(err, migrations.ErrInvalidSchema) {
-			fmt.Fprintf(stderr, "pgonce: --schema: %v\n", err)
-			return 2
-		}
-		fmt.Fprintf(stderr, "pgonce: %v\n", err)
-		return 1
+		fmt.Fprintf(stderr, "pgonce: %v\nRun `pgonce help` for usage.\n", err)
+		return exitUsage
 	}
-	return 0
-}
+	if len(rest) == 0 {
+		printMainUsage(stderr)
+		return exitUsage
+	}
+	name, rest := rest[0], rest[1:]
+	if name == "help" {
+		if len(rest) == 0 {
+			printMainUsage(stdout)
+			return exitOK
+		}
+		name, rest = rest[0], []string{"--help"}
+	}
+	i := slices.IndexFunc(commands(), func(c *command) bool { return c.name == name })
+	if i < 0 {
+		fmt.Fprintf(stderr, "pgonce: unknown command %q\nRun `pgonce help` for usage.\n", name)
+		return exitUsage
+	}
+	cmd := commands()[i]
 
-type migrationStatus struct {
-	version int64
-	state   string
-	name    string
-}
-
-func statusOf(ctx context.Context, db *sql.DB, schema string) ([]*migrationStatus, error) {
-	status, err := migrations.Status(ctx, db, schema)
+	fs := flag.NewFlagSet("pgonce "+cmd.name, flag.ContinueOnError)
+	runFunc := cmd.flags(fs, e)
+	// The global flags are accepted after the command name too.
+	e.globalFlags(fs)
+	positional, err := parseFlags(fs, rest, true)
+	if errors.Is(err, flag.ErrHelp) {
+		printCommandUsage(stdout, cmd, fs)
+		return exitOK
+	}
 	if err != nil {
-		return nil, err
+		fmt.Fprintf(stderr, "pgonce %s: %v\nRun `pgonce %s --help` for usage.\n", cmd.name, err, cmd.name)
+		return exitUsage
 	}
-	out := make([]*migrationStatus, 0, len(status))
-	for _, s := range status {
-		out = append(out, &migrationStatus{version: s.Source.Version, state: string(s.State), name: s.Source.Path})
-	}
-	return out, nil
+	return e.exit(cmd.name, runFunc(ctx, positional))
 }
 
-func firstNonEmpty(values ...string) string {
-	for _, v := range values {
-		if v != "" {
-			return v
+// parseFlags parses args into fs. With interspersed, flags may follow
+// positional arguments (`inspect KEY --json`); "--" ends the flags.
+func parseFlags(fs *flag.FlagSet, args []string, interspersed bool) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
 		}
+		remaining := fs.Args()
+		if !interspersed || len(remaining) == 0 {
+			return append(positional, remaining...), nil
+		}
+		if consumed := len(args) - len(remaining); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, remaining...), nil
+		}
+		positional = append(positional, remaining[0])
+		args = remaining[1:]
 	}
-	return ""
+}
+
+func printMainUsage(w io.Writer) {
+	fmt.Fprint(w, `pgonce is the operator CLI of pgonce: ask twice, execute once.
+
+Usage:
+  pgonce [--database-url URL] [--schema NAME] COMMAND [flags] [args]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, `
+Global flags (also accepted after the command name):
+  --database-url URL   PostgreSQL URL; else $PGONCE_DATABASE_URL, else
+                       $DATABASE_URL, else %s
+  --schema NAME        schema that holds pgonce's tables (default %q)
+
+Exit codes:
+  0  success
+  1  failure: database unreachable, schema not migrated, a database or
+     reconcile error, a broken demo invariant
+  2  bad flags or arguments; nothing changed
+  3  attention: status --fail-on-stuck found stuck work, or reconcile
+     --fail-on-skipped / --fail-on-stale found rows it left alone
+  4  key not found
+  5  refused: the key's state does not allow the request; nothing changed
+
+Run 'pgonce COMMAND --help' for a command's flags.
+`, databaseURLDefault, schemaDefault)
+}
+
+func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: pgonce %s\n\n%s\n\nFlags:\n", cmd.synopsis, strings.TrimSpace(cmd.help))
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
 }

@@ -1,0 +1,494 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
+)
+
+// The demo's clock: the lease is the shortest the library allows for its
+// call timeout, so that the crashed attempt expires in about a second. The
+// call timeout only has to outlast the narration of step 2.
+const (
+	demoCallTimeout = 300 * time.Millisecond
+	demoLease       = demoCallTimeout + outbox.LeaseMarginMin
+	// demoStepTimeout bounds every wait, so that a broken invariant ends
+	// the demo instead of hanging it.
+	demoStepTimeout = 15 * time.Second
+)
+
+func demoCommand() *command {
+	return &command{
+		name:     "demo",
+		synopsis: "demo [--keep]",
+		summary:  "the refund story end to end, in a throw-away schema",
+		help: `Runs the refund story of pgonce's design on the database, in about a second
+and a half: a model asks for refund(order=8842, amount=42.00) three times
+around a lost response and a crashed worker; a fake payment provider that
+honours idempotency keys refunds exactly once.
+
+The demo migrates a fresh schema pgonce_demo_<random> (--schema is not
+used) and drops it at the end unless --keep. It exits 1 if any invariant
+fails: one refund in the ledger, the replay byte for byte, the states.`,
+		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			keep := fs.Bool("keep", false, "keep the demo schema and print its name")
+			return func(ctx context.Context, args []string) error {
+				if len(args) != 0 {
+					return usageErrorf("takes no arguments, got %q", args)
+				}
+				return e.demo(ctx, *keep)
+			}
+		},
+	}
+}
+
+// demoPayments is a fake payment provider that honours idempotency keys: a
+// refund is recorded once per key in its ledger, and a repeated key returns
+// the original refund's response. Its first call acts and then loses the
+// response, like a timeout after the request reached the provider.
+type demoPayments struct {
+	pool   *pgxpool.Pool
+	ledger string // quoted table name
+	calls  atomic.Int32
+
+	lossy   atomic.Bool
+	called  chan struct{} // the lossy call has started
+	proceed chan struct{} // the lossy call may act
+	acted   chan struct{} // the lossy call has refunded; its response is lost
+	lost    []byte        // the response the lossy call never returned
+}
+
+func (p *demoPayments) Call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+	p.calls.Add(1)
+	lossy := p.lossy.CompareAndSwap(true, false)
+	if lossy {
+		p.called <- struct{}{}
+		select {
+		case <-p.proceed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	resp, err := p.refund(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if lossy {
+		p.lost = resp
+		p.acted <- struct{}{}
+		<-ctx.Done() // the response never makes it back
+		return nil, ctx.Err()
+	}
+	return resp, nil
+}
+
+// refund records one refund per idempotency key and returns its response.
+// The response's spacing is the provider's own; pgonce stores and replays it
+// byte for byte.
+func (p *demoPayments) refund(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+	var args struct {
+		Order  int64       `json:"order"`
+		Amount json.Number `json:"amount"`
+	}
+	if err := json.Unmarshal(req.Args, &args); err != nil {
+		return nil, outbox.Permanent(fmt.Errorf("bad refund arguments: %w", err))
+	}
+	_, err := p.pool.Exec(ctx, `INSERT INTO `+p.ledger+` (idempotency_key, order_id, amount)
+		VALUES ($1, $2, $3::text::numeric)
+		ON CONFLICT (idempotency_key) DO NOTHING`,
+		string(req.Key), args.Order, args.Amount.String())
+	if err != nil {
+		return nil, err
+	}
+	var (
+		id     int64
+		order  int64
+		amount string
+	)
+	err = p.pool.QueryRow(ctx, `SELECT id, order_id, amount::text FROM `+p.ledger+` WHERE idempotency_key = $1`,
+		string(req.Key)).Scan(&id, &order, &amount)
+	if err != nil {
+		return nil, err
+	}
+	return fmt.Appendf(nil, `{"refund_id": "re_%04d", "order": %d, "amount": "%s", "currency": "EUR", "status": "refunded"}`,
+		id, order, amount), nil
+}
+
+type ledgerRow struct {
+	refundID string
+	order    int64
+	amount   string
+	key      string
+}
+
+func (p *demoPayments) rows(ctx context.Context) ([]ledgerRow, error) {
+	rows, err := p.pool.Query(ctx, `SELECT 're_' || lpad(id::text, 4, '0'), order_id, amount::text, idempotency_key
+		FROM `+p.ledger+` ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ledgerRow, error) {
+		var r ledgerRow
+		return r, row.Scan(&r.refundID, &r.order, &r.amount, &r.key)
+	})
+}
+
+// retryAfterPattern masks the one clock-dependent number the demo prints.
+var retryAfterPattern = regexp.MustCompile(`"retry_after_ms":\d+`)
+
+func maskObservation(obs []byte) string {
+	return retryAfterPattern.ReplaceAllString(string(obs), `"retry_after_ms":…`)
+}
+
+func invariant(format string, args ...any) error {
+	return &exitError{code: exitFailure, msg: "invariant broken: " + fmt.Sprintf(format, args...)}
+}
+
+// await waits for ch, or fails the demo after demoStepTimeout.
+func await(ctx context.Context, ch <-chan struct{}, what string) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(demoStepTimeout):
+		return invariant("%s did not happen within %s", what, demoStepTimeout)
+	}
+}
+
+func (e *env) demo(ctx context.Context, keep bool) (err error) {
+	c, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	var suffix [6]byte
+	_, _ = rand.Read(suffix[:])
+	c.schema = "pgonce_demo_" + hex.EncodeToString(suffix[:])
+	quoted := pgx.Identifier{c.schema}.Sanitize()
+	defer func() {
+		if keep {
+			fmt.Fprintf(e.stdout, "\nkept schema %s; drop it with: DROP SCHEMA %s CASCADE\n", c.schema, quoted)
+			return
+		}
+		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoStepTimeout)
+		defer cancel()
+		if _, dropErr := c.pool.Exec(dropCtx, "DROP SCHEMA IF EXISTS "+quoted+" CASCADE"); dropErr != nil && err == nil {
+			err = fmt.Errorf("drop demo schema %s: %w", c.schema, dropErr)
+		}
+	}()
+	if err := migrations.Up(ctx, c.db, c.schema); err != nil {
+		return err
+	}
+	payments := &demoPayments{
+		pool:    c.pool,
+		ledger:  pgx.Identifier{c.schema, "refund_ledger"}.Sanitize(),
+		called:  make(chan struct{}, 1),
+		proceed: make(chan struct{}),
+		acted:   make(chan struct{}, 1),
+	}
+	payments.lossy.Store(true)
+	if _, err := c.pool.Exec(ctx, `CREATE TABLE `+payments.ledger+` (
+		id bigserial PRIMARY KEY,
+		idempotency_key text NOT NULL UNIQUE,
+		order_id bigint NOT NULL,
+		amount numeric(12, 2) NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("create the demo ledger: %w", err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	registry := outbox.NewRegistry()
+	if err := registry.Register("refund", payments, outbox.IdempotentByKey); err != nil {
+		return err
+	}
+	client, err := c.client(outbox.Config{
+		Registry: registry, CallTimeout: demoCallTimeout, Lease: demoLease, Logger: quiet,
+	})
+	if err != nil {
+		return err
+	}
+	return runDemo(ctx, e, c, client, payments, quiet)
+}
+
+// submit asks for call in a transaction of the caller's, as an agent
+// runtime would.
+func submit(ctx context.Context, c *conn, client *outbox.Client[pgx.Tx], call outbox.Call) (outbox.Result, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return outbox.Result{}, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	res, err := client.SubmitTx(ctx, tx, call)
+	if err != nil {
+		return outbox.Result{}, err
+	}
+	return res, tx.Commit(ctx)
+}
+
+func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx], payments *demoPayments, quiet *slog.Logger) error {
+	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
+	refunds := func() (int, error) {
+		rows, err := payments.rows(ctx)
+		return len(rows), err
+	}
+	dispatcherConfig := dispatcher.Config{
+		Concurrency:     1,
+		CallTimeout:     demoCallTimeout,
+		Lease:           demoLease,
+		PollInterval:    20 * time.Millisecond,
+		ShutdownTimeout: demoStepTimeout,
+		Logger:          quiet,
+	}
+
+	say("pgonce demo: ask twice, execute once")
+	say("")
+	say(`A fake payment provider is registered as tool "refund", IdempotentByKey:`)
+	say("it records refunds in a ledger and deduplicates on the idempotency key pgonce passes.")
+	say("")
+
+	// 1. The first ask.
+	call := outbox.Call{
+		Tenant: "acme",
+		RunID:  "run-8842",
+		Step:   1,
+		Tool:   "refund",
+		Args:   json.RawMessage(`{"order": 8842, "amount": 42.00}`),
+	}
+	canonical, err := outbox.Canonicalize(call.Args)
+	if err != nil {
+		return err
+	}
+	key, err := outbox.DeriveKey(call)
+	if err != nil {
+		return err
+	}
+	res, err := submit(ctx, c, client, call)
+	if err != nil {
+		return err
+	}
+	say("1. The model emits refund(order=8842, amount=42.00).")
+	say("   arguments as written:  %s", call.Args)
+	say("   canonical (RFC 8785):  %s", canonical)
+	say("   key:                   %s", key)
+	say("   SubmitTx wrote the key claim and the outbox row in the caller's transaction, then it committed.")
+	say("   created=%t state=%s", res.Created, res.State)
+	if !res.Created || res.State != outbox.StatePending || res.Key != key {
+		return invariant("the first ask must create key %s pending, got created=%t state=%s key=%s", key, res.Created, res.State, res.Key)
+	}
+
+	// A dispatcher takes the row; the provider's first call starts. Its
+	// tiny shutdown timeout is the crash of step 3: stopped, it cuts the
+	// call off before anything is recorded (its documented behaviour), so
+	// the row stays in flight under its lease.
+	crashing := dispatcherConfig
+	crashing.ShutdownTimeout = time.Millisecond
+	d1, err := dispatcher.New(client, crashing)
+	if err != nil {
+		return err
+	}
+	crashCtx, crash := context.WithCancel(ctx)
+	defer crash()
+	d1Done := make(chan struct{})
+	go func() {
+		defer close(d1Done)
+		_ = d1.Run(crashCtx)
+	}()
+	if err := await(ctx, payments.called, "the dispatcher's call to the provider"); err != nil {
+		return err
+	}
+
+	// 2. The duplicate, while the call is in flight.
+	again := call
+	again.Args = json.RawMessage(`{"amount": 42, "order": 8842}`)
+	res, err = submit(ctx, c, client, again)
+	if err != nil {
+		return err
+	}
+	n, err := refunds()
+	if err != nil {
+		return err
+	}
+	say("")
+	say("2. A dispatcher has claimed the row and is calling the provider. The model asks again:")
+	say("   arguments as written:  %s  (same canonical value, so the same key)", again.Args)
+	say("   key:                   %s", res.Key)
+	say("   created=%t state=%s: in progress, retry later; nothing new runs.", res.Created, res.State)
+	say("   observation: %s", maskObservation(res.Observation().JSON()))
+	say("   (retry_after_ms is what is left of the lease; masked, as it depends on the clock)")
+	say("   provider calls so far: %d, refunds in the ledger: %d", payments.calls.Load(), n)
+	if res.Created || res.State != outbox.StateInFlight || res.Key != key || payments.calls.Load() != 1 || n != 0 {
+		return invariant("the duplicate must find key %s in flight and run nothing, got created=%t state=%s key=%s calls=%d refunds=%d",
+			key, res.Created, res.State, res.Key, payments.calls.Load(), n)
+	}
+
+	// 3. The provider acts, the response is lost, the worker crashes.
+	close(payments.proceed)
+	if err := await(ctx, payments.acted, "the provider's refund"); err != nil {
+		return err
+	}
+	crash()
+	if err := await(ctx, d1Done, "the crashed worker's exit"); err != nil {
+		return err
+	}
+	res, err = client.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	n, err = refunds()
+	if err != nil {
+		return err
+	}
+	say("")
+	say("3. The provider refunds 42.00 on order 8842, but its response is lost on the way back")
+	say("   (an ambiguous timeout), and the worker crashes before it can record anything.")
+	say("   refunds in the ledger: %d", n)
+	say("   state=%s: nobody knows whether the refund happened, and the lease still holds the key.", res.State)
+	if res.State != outbox.StateInFlight || n != 1 {
+		return invariant("after the crash the key must be in flight with one refund, got state=%s refunds=%d", res.State, n)
+	}
+	return demoRecover(ctx, e, client, payments, key, call, dispatcherConfig, quiet)
+}
+
+func demoRecover(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], payments *demoPayments, key outbox.Key,
+	call outbox.Call, dispatcherConfig dispatcher.Config, quiet *slog.Logger,
+) error {
+	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
+	deadline, cancel := context.WithTimeout(ctx, demoStepTimeout)
+	defer cancel()
+
+	// 4. The lease expires; the reconciler resolves the row; a fresh
+	// dispatcher retries with the same key.
+	for {
+		stats, err := client.Stats(deadline)
+		if err != nil {
+			return err
+		}
+		if stats.ExpiredLeases > 0 {
+			break
+		}
+		if err := pause(deadline, 20*time.Millisecond); err != nil {
+			return invariant("the crashed attempt's lease did not expire: %v", err)
+		}
+	}
+	r, err := reconcile.New(client, reconcile.Config{Grace: time.Millisecond, PruneDisabled: true, Logger: quiet})
+	if err != nil {
+		return err
+	}
+	var report reconcile.Report
+	for {
+		// The grace is one millisecond past the lease, by the database's
+		// clock; a pass that comes too early finds nothing and changes
+		// nothing.
+		report, err = r.RunOnce(deadline)
+		if err != nil {
+			return err
+		}
+		if report.Examined["refund"] > 0 {
+			break
+		}
+		if err := pause(deadline, 5*time.Millisecond); err != nil {
+			return invariant("the reconciler found no expired row: %v", err)
+		}
+	}
+	res, err := client.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	say("")
+	say("4. The lease expires. The reconciler resolves the stale row by the tool's delivery mode:")
+	say("   refund is IdempotentByKey, so the row is %s: examined %d, requeued %d.",
+		res.State, report.Examined["refund"], report.Resolved["refund"][reconcile.OutcomeRequeued])
+	if res.State != outbox.StatePending || report.Examined["refund"] != 1 || report.Resolved["refund"][reconcile.OutcomeRequeued] != 1 {
+		return invariant("the reconciler must requeue the one stale row, got state=%s report=%+v", res.State, report)
+	}
+
+	d2, err := dispatcher.New(client, dispatcherConfig)
+	if err != nil {
+		return err
+	}
+	stop, stopDispatcher := context.WithCancel(ctx)
+	defer stopDispatcher()
+	d2Done := make(chan struct{})
+	go func() {
+		defer close(d2Done)
+		_ = d2.Run(stop)
+	}()
+	res, err = client.Wait(deadline, key)
+	stopDispatcher()
+	<-d2Done
+	if err != nil {
+		return invariant("the retry did not finish: %v", err)
+	}
+	rows, err := payments.rows(ctx)
+	if err != nil {
+		return err
+	}
+	say("   A fresh dispatcher retries with the same key; the provider recognises it and refunds nothing:")
+	say("   provider calls: %d, refunds in the ledger: %d", payments.calls.Load(), len(rows))
+	say("   state=%s, response: %s", res.State, res.Response)
+	if res.State != outbox.StateSucceeded || payments.calls.Load() != 2 || len(rows) != 1 || !bytes.Equal(res.Response, payments.lost) {
+		return invariant("the retry must succeed with the original refund's response, got state=%s calls=%d refunds=%d response=%s",
+			res.State, payments.calls.Load(), len(rows), res.Response)
+	}
+
+	// 5. The third ask: the stored response, replayed.
+	res, err = client.Submit(ctx, call)
+	if err != nil {
+		return err
+	}
+	obs := res.Observation().JSON()
+	replayedVerbatim := bytes.Equal(res.Response, payments.lost) && bytes.Contains(obs, payments.lost)
+	say("")
+	say("5. The model asks a third time, with the first arguments: the stored response is replayed.")
+	say("   observation: %s", obs)
+	say("   byte for byte the provider's original response: %t", replayedVerbatim)
+	if !res.Replayed() || !replayedVerbatim || payments.calls.Load() != 2 {
+		return invariant("the third ask must replay the stored bytes and call nothing, got replayed=%t verbatim=%t calls=%d",
+			res.Replayed(), replayedVerbatim, payments.calls.Load())
+	}
+
+	// 6. The ledger.
+	rows, err = payments.rows(ctx)
+	if err != nil {
+		return err
+	}
+	say("")
+	say("6. The ledger holds exactly one refund:")
+	for _, row := range rows {
+		say("   %s  order %d  amount %s  idempotency key %s", row.refundID, row.order, row.amount, row.key)
+	}
+	if len(rows) != 1 || rows[0].key != string(key) {
+		return invariant("the ledger must hold one refund under key %s, got %d rows", key, len(rows))
+	}
+	say("")
+	say("Asked 3 times, executed once; provider called %d times.", payments.calls.Load())
+	return nil
+}
+
+// pause waits d, or returns ctx's error.
+func pause(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+const (
+	databaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	schemaDefault      = migrations.SchemaDefault
+	// connectTimeout bounds the first connection, so that an unreachable
+	// server is reported instead of waited for.
+	connectTimeout = 10 * time.Second
+)
+
+// env is what every command shares: the connection settings and the output.
+type env struct {
+	stdout, stderr io.Writer
+	databaseURL    string
+	schema         string
+}
+
+// globalFlags defines the connection flags on fs. Defined on the global
+// flag set and again on each command's, they write the same fields, so they
+// may be given before or after the command name.
+func (e *env) globalFlags(fs *flag.FlagSet) {
+	if e.schema == "" {
+		e.schema = schemaDefault
+	}
+	fs.StringVar(&e.databaseURL, "database-url", e.databaseURL,
+		"PostgreSQL URL; else $PGONCE_DATABASE_URL, else $DATABASE_URL, else "+databaseURLDefault)
+	fs.StringVar(&e.schema, "schema", e.schema, "schema that holds pgonce's tables")
+}
+
+// resolveURL returns the URL to connect to and where it came from.
+func (e *env) resolveURL() (databaseURL, source string) {
+	for _, candidate := range []struct{ value, source string }{
+		{e.databaseURL, "--database-url"},
+		{os.Getenv("PGONCE_DATABASE_URL"), "$PGONCE_DATABASE_URL"},
+		{os.Getenv("DATABASE_URL"), "$DATABASE_URL"},
+	} {
+		if candidate.value != "" {
+			return candidate.value, candidate.source
+		}
+	}
+	return databaseURLDefault, "the default"
+}
+
+// conn is an open connection to the database, with pgonce's schema checked.
+type conn struct {
+	pool   *pgxpool.Pool
+	db     *sql.DB // over pool, for the migrations
+	schema string
+}
+
+func (c *conn) close() {
+	_ = c.db.Close()
+	c.pool.Close()
+}
+
+// client returns an outbox client over the connection.
+func (c *conn) client(config outbox.Config) (*outbox.Client[pgx.Tx], error) {
+	config.Schema = c.schema
+	return outbox.NewPgx(c.pool, config)
+}
+
+// connect opens a pool and checks that the server answers. The schema name
+// is validated first: a bad name is a usage error, whatever the database.
+func (e *env) connect(ctx context.Context) (*conn, error) {
+	if err := validateSchema(e.schema); err != nil {
+		return nil, err
+	}
+	databaseURL, source := e.resolveURL()
+	config, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, usageErrorf("invalid database URL from %s: %v", source, err)
+	}
+	config.MaxConns = 8
+	if config.ConnConfig.ConnectTimeout == 0 {
+		config.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, config)
+	if err != nil {
+		return nil, usageErrorf("invalid database URL from %s: %v", source, err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, &unreachableError{url: redact(databaseURL), source: source, err: err}
+	}
+	return &conn{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: e.schema}, nil
+}
+
+// connectMigrated is connect, then a read-only check that the schema is
+// migrated to the version this binary knows.
+func (e *env) connectMigrated(ctx context.Context) (*conn, error) {
+	c, err := e.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	current, err := dbVersion(ctx, c)
+	if err == nil {
+		latest := latestVersion()
+		if current < latest {
+			err = &notMigratedError{schema: c.schema, current: current, latest: latest}
+		}
+	}
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// dbVersion reads the schema's migration version without creating anything:
+// 0 when the schema or its version table does not exist.
+func dbVersion(ctx context.Context, c *conn) (int64, error) {
+	table := pgx.Identifier{c.schema, migrations.TableName}.Sanitize()
+	var exists bool
+	if err := c.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read migration version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var version int64
+	if err := c.pool.QueryRow(ctx, "SELECT coalesce(max(version_id), 0) FROM "+table).Scan(&version); err != nil {
+		return 0, fmt.Errorf("read migration version: %w", err)
+	}
+	return version, nil
+}
+
+// migrationFiles maps each embedded migration's version to its file name.
+func migrationFiles() map[int64]string {
+	names, _ := fs.Glob(migrations.FS, "*.sql")
+	files := make(map[int64]string, len(names))
+	for _, name := range names {
+		if version, err := goose.NumericComponent(name); err == nil {
+			files[version] = name
+		}
+	}
+	return files
+}
+
+// latestVersion is the highest migration version this binary embeds.
+func latestVersion() int64 {
+	var latest int64
+	for version := range migrationFiles() {
+		latest = max(latest, version)
+	}
+	return latest
+}
+
+func validateSchema(schema string) error {
+	if err := ident.ValidateSchema(schema); err != nil {
+		return usageErrorf("--schema: %v", err)
+	}
+	return nil
+}
+
+// logger drops the library's logs below warnings; the commands report
+// what matters themselves.
+func (e *env) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// exitError carries an exit code and a message for the person at the
+// terminal.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: exitUsage, msg: fmt.Sprintf(format, args...)}
+}
+
+// attentionError ends a command that printed its findings with exitAttention.
+func attentionError(msg string) error {
+	return &exitError{code: exitAttention, msg: msg}
+}
+
+type unreachableError struct {
+	url, source string
+	err         error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("cannot reach PostgreSQL at %s (from %s): %v\n"+
+		"Start a server (for example: docker run -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:16)\n"+
+		"or point --database-url, PGONCE_DATABASE_URL or DATABASE_URL at one.",
+		e.url, e.source, e.err)
+}
+
+type notMigratedError struct {
+	schema          string
+	current, latest int64
+}
+
+func (e *notMigratedError) Error() string {
+	state := "is not migrated"
+	if e.current > 0 {
+		state = fmt.Sprintf("is migrated to version %d of %d", e.current, e.latest)
+	}
+	return fmt.Sprintf("schema %s %s: run `pgonce --schema %s migrate up`", e.schema, state, e.schema)
+}
+
+// exit prints err for a person and returns the exit code.
+func (e *env) exit(command string, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	code, msg := classify(err, e.schema)
+	fmt.Fprintf(e.stderr, "pgonce %s: %s\n", command, msg)
+	return code
+}
+
+// classify maps an error to an exit code and a message a person can act on.
+func classify(err error, schema string) (int, string) {
+	var (
+		exitErr *exitError
+		pgErr   *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &exitErr):
+		return exitErr.code, exitErr.msg
+	case errors.Is(err, outbox.ErrNotFound):
+		return exitNotFound, fmt.Sprintf("%v (schema %s)", err, schema)
+	case errors.Is(err, outbox.ErrInvalidKey), errors.Is(err, outbox.ErrInvalidResolution),
+		errors.Is(err, outbox.ErrInvalidRegistration), errors.Is(err, outbox.ErrInvalidSchema):
+		return exitUsage, err.Error()
+	case errors.Is(err, outbox.ErrNotNeedsReview), errors.Is(err, outbox.ErrExpired):
+		return exitRefused, err.Error()
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
+		// undefined_table, invalid_schema_name: the schema went away or was
+		// never migrated after the check at connect.
+		return exitFailure, (&notMigratedError{schema: schema}).Error()
+	case errors.Is(err, context.Canceled):
+		return exitFailure, "interrupted"
+	}
+	return exitFailure, err.Error()
+}
+
+// redact hides a URL's password.
+func redact(databaseURL string) string {
+	u, err := url.Parse(databaseURL)
+	if err != nil || u.Scheme == "" {
+		if strings.Contains(databaseURL, "password") {
+			return "(a connection string with a password)"
+		}
+		return databaseURL
+	}
+	return u.Redacted()
+}
