@@ -121,6 +121,45 @@ func Status(ctx context.Context, db *sql.DB, schema string) ([]*goose.MigrationS
 	return status, nil
 }
 
+// ValidateSchema returns an error matching [ErrInvalidSchema] when name is
+// not a schema name pgonce accepts: a plain lower-case identifier (letters
+// a-z, digits, underscores, not starting with a digit), at most 48 bytes, and
+// not in the pg_ namespace.
+func ValidateSchema(name string) error { return ident.ValidateSchema(name) }
+
+// Version reads, without writing anything, the migration version applied to
+// schema (0 when the schema or its version table does not exist) and the
+// newest version embedded in this build. current < latest means [Up] has
+// work to do.
+func Version(ctx context.Context, db *sql.DB, schema string) (current, latest int64, err error) {
+	if err := ident.ValidateSchema(schema); err != nil {
+		return 0, 0, err
+	}
+	entries, err := fs.Glob(FS, "*.sql")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, name := range entries {
+		version, err := goose.NumericComponent(name)
+		if err != nil {
+			return 0, 0, fmt.Errorf("migration %s: %w", name, err)
+		}
+		latest = max(latest, version)
+	}
+	table := ident.Quote(schema) + "." + TableName
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return 0, latest, fmt.Errorf("read migration version: %w", err)
+	}
+	if !exists {
+		return 0, latest, nil
+	}
+	if err := db.QueryRowContext(ctx, "SELECT coalesce(max(version_id), 0) FROM "+table).Scan(&current); err != nil {
+		return 0, latest, fmt.Errorf("read migration version: %w", err)
+	}
+	return current, latest, nil
+}
+
 func lockedProvider(ctx context.Context, db *sql.DB, schema string) (*goose.Provider, error) {
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err

@@ -169,3 +169,28 @@ func TestFS(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, provider.ListSources(), len(entries))
 }
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := pgoncetest.DB(t)
+	schema := pgoncetest.NewSchemaName(t)
+	t.Cleanup(func() { pgoncetest.DropSchema(t, schema) })
+
+	current, latest, err := migrations.Version(ctx, db, schema)
+	require.NoError(t, err)
+	require.Zero(t, current)
+	require.Positive(t, latest)
+	require.False(t, schemaExists(ctx, t, db, schema), "Version writes nothing")
+
+	require.NoError(t, migrations.Up(ctx, db, schema))
+	current, latest2, err := migrations.Version(ctx, db, schema)
+	require.NoError(t, err)
+	require.Equal(t, latest, latest2)
+	require.Equal(t, latest, current)
+
+	_, _, err = migrations.Version(ctx, db, `x"; DROP TABLE users; --`)
+	require.ErrorIs(t, err, migrations.ErrInvalidSchema)
+	require.ErrorIs(t, migrations.ValidateSchema("Bad"), migrations.ErrInvalidSchema)
+	require.NoError(t, migrations.ValidateSchema("pgonce"))
+}

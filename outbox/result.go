@@ -24,7 +24,9 @@ type Result struct {
 	// Failure holds the stored failure, verbatim, when State is
 	// [StateFailed].
 	Failure json.RawMessage
-	// Attempts counts the provider attempts made so far.
+	// Attempts counts the claims of the key so far: every provider attempt,
+	// and every reconciler resolution, which takes the key under a new
+	// attempt number to fence out the worker that held it.
 	Attempts int
 	// CreatedAt is when the key was claimed.
 	CreatedAt time.Time

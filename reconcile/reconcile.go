@@ -49,6 +49,10 @@ type Config struct {
 	// [outbox.Client.Prune]).
 	PruneDisabled bool
 
+	// ProgressFunc, when set, is called after every batch of resolved rows
+	// with the report so far, for progress displays.
+	ProgressFunc func(Report)
+
 	// Logger receives the reconciler's logs. Defaults to the client's.
 	Logger *slog.Logger
 }
@@ -200,6 +204,9 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 			if !written[out.Key] {
 				report.count(tools[out.Key], OutcomeSuperseded)
 			}
+		}
+		if r.config.ProgressFunc != nil {
+			r.config.ProgressFunc(report)
 		}
 		if len(rows) < r.config.BatchSize {
 			break

@@ -203,9 +203,13 @@ func TestRunOnce(t *testing.T) {
 		require.NoError(t, err)
 
 		reports := make([]reconcile.Report, 2)
+		batches := make([]int, 2)
 		var wg sync.WaitGroup
 		for i := range reports {
-			r, err := reconcile.New(bundle.client, reconcile.Config{BatchSize: 50})
+			r, err := reconcile.New(bundle.client, reconcile.Config{
+				BatchSize:    50,
+				ProgressFunc: func(reconcile.Report) { batches[i]++ },
+			})
 			require.NoError(t, err)
 			wg.Add(1)
 			go func() {
@@ -224,6 +228,7 @@ func TestRunOnce(t *testing.T) {
 		require.Equal(t, rows, examined)
 		require.Equal(t, rows, reviewed)
 		require.Zero(t, superseded)
+		require.GreaterOrEqual(t, batches[0]+batches[1], rows/50, "progress is reported per batch")
 		var needsReview int
 		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
 			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state = 'needs_review'`).Scan(&needsReview))

@@ -55,7 +55,7 @@ func (e *env) migrateUp(ctx context.Context) error {
 	if err := migrations.Up(ctx, c.db, c.schema); err != nil {
 		return err
 	}
-	version, err := dbVersion(ctx, c)
+	version, _, err := migrations.Version(ctx, c.db, c.schema)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
-	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/migrations"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -119,9 +118,8 @@ func (e *env) connectMigrated(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	current, err := dbVersion(ctx, c)
+	current, latest, err := migrations.Version(ctx, c.db, c.schema)
 	if err == nil {
-		latest := latestVersion()
 		if current < latest {
 			err = &notMigratedError{schema: c.schema, current: current, latest: latest}
 		}
@@ -131,24 +129,6 @@ func (e *env) connectMigrated(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-// dbVersion reads the schema's migration version without creating anything:
-// 0 when the schema or its version table does not exist.
-func dbVersion(ctx context.Context, c *conn) (int64, error) {
-	table := pgx.Identifier{c.schema, migrations.TableName}.Sanitize()
-	var exists bool
-	if err := c.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("read migration version: %w", err)
-	}
-	if !exists {
-		return 0, nil
-	}
-	var version int64
-	if err := c.pool.QueryRow(ctx, "SELECT coalesce(max(version_id), 0) FROM "+table).Scan(&version); err != nil {
-		return 0, fmt.Errorf("read migration version: %w", err)
-	}
-	return version, nil
 }
 
 // migrationFiles maps each embedded migration's version to its file name.
@@ -163,17 +143,8 @@ func migrationFiles() map[int64]string {
 	return files
 }
 
-// latestVersion is the highest migration version this binary embeds.
-func latestVersion() int64 {
-	var latest int64
-	for version := range migrationFiles() {
-		latest = max(latest, version)
-	}
-	return latest
-}
-
 func validateSchema(schema string) error {
-	if err := ident.ValidateSchema(schema); err != nil {
+	if err := migrations.ValidateSchema(schema); err != nil {
 		return usageErrorf("--schema: %v", err)
 	}
 	return nil
