@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,8 +265,8 @@ func BenchmarkDrain(b *testing.B) {
 			// No-op calls are cheap: many slots and big batches make few,
 			// large transactions, which is what bounds the drain.
 			config := dispatcher.Config{
-				Concurrency:  512,
-				BatchSize:    512,
+				Concurrency:  benchEnvInt("PGONCE_BENCH_CONCURRENCY", 512),
+				BatchSize:    benchEnvInt("PGONCE_BENCH_BATCH", 512),
 				PollInterval: 10 * time.Millisecond,
 			}
 			var elapsed time.Duration
@@ -460,4 +462,11 @@ func benchQuantile(sorted []time.Duration, q float64) float64 {
 	}
 	i := min(int(q*float64(len(sorted))), len(sorted)-1)
 	return float64(sorted[i].Nanoseconds()) / 1e6
+}
+
+func benchEnvInt(name string, fallback int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return fallback
 }

@@ -104,50 +104,46 @@ FROM updated;
 -- outbox row that still holds that attempt under a lease is retired, and only
 -- a retired row's key is written, so a late writer whose lease was taken over
 -- changes nothing. Terminal outcomes start the retention of the key;
--- needs_review keeps the key without one.
-WITH retired AS (
+-- needs_review keeps the key without one. internal/store runs it with a
+-- custom plan: a generic plan cannot see the array sizes and joins outcome
+-- and retired in quadratic time.
+WITH outcome AS (
+    SELECT
+        unnest(@key::text[]) AS key,
+        unnest(@attempt::integer[]) AS attempt,
+        unnest(@state::text[]) AS state,
+        unnest(@response::bytea[]) AS response,
+        unnest(@failure::bytea[]) AS failure,
+        unnest(@retention_ms::bigint[]) AS retention_ms,
+        unnest(@last_error::text[]) AS last_error
+),
+retired AS (
     DELETE FROM pgonce_outbox
-    USING (
-        SELECT
-            unnest(@key::text[]) AS key,
-            unnest(@attempt::integer[]) AS attempt
-    ) AS outcome
+    USING outcome
     WHERE pgonce_outbox.key = outcome.key
         AND pgonce_outbox.attempt = outcome.attempt
         AND pgonce_outbox.lease_until IS NOT NULL
-    RETURNING
-        pgonce_outbox.key,
-        pgonce_outbox.attempt
-),
--- Each retired key finds its outcome by its position in the arrays. Joining
--- retired to an unnested outcome relation instead is quadratic under the
--- generic plan of a prepared statement, which cannot see the array sizes.
-done AS (
-    SELECT
-        retired.key,
-        retired.attempt,
-        array_position(@key::text[], retired.key) AS i
-    FROM retired
+    RETURNING pgonce_outbox.key
 ),
 updated AS (
     UPDATE pgonce_key
     SET
-        state = (@state::text[])[done.i],
-        response = (@response::bytea[])[done.i],
-        failure = (@failure::bytea[])[done.i],
-        attempt = done.attempt,
-        last_error = nullif((@last_error::text[])[done.i], ''),
+        state = outcome.state,
+        response = outcome.response,
+        failure = outcome.failure,
+        attempt = outcome.attempt,
+        last_error = nullif(outcome.last_error, ''),
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
         completed_at = CASE
-            WHEN (@state::text[])[done.i] IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())
+            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())
         END,
         expires_at = CASE
-            WHEN (@state::text[])[done.i] IN ('succeeded', 'failed')
-                THEN coalesce(sqlc.narg('now')::timestamptz, now())
-                    + (sqlc.arg('retention_ms')::bigint[])[done.i] * interval '1 millisecond'
+            WHEN outcome.state IN ('succeeded', 'failed')
+                THEN coalesce(sqlc.narg('now')::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
         END
-    FROM done
-    WHERE pgonce_key.key = done.key
+    FROM outcome
+    JOIN retired ON retired.key = outcome.key
+    WHERE pgonce_key.key = outcome.key
     RETURNING pgonce_key.key
 ),
 -- One notification carries up to 100 comma-separated keys, well within the

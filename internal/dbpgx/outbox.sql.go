@@ -283,46 +283,43 @@ func (q *Queries) OutboxCountUnserved(ctx context.Context, db DBTX, arg *OutboxC
 }
 
 const outboxFinish = `-- name: OutboxFinish :many
-WITH retired AS (
+WITH outcome AS (
+    SELECT
+        unnest($1::text[]) AS key,
+        unnest($2::integer[]) AS attempt,
+        unnest($3::text[]) AS state,
+        unnest($4::bytea[]) AS response,
+        unnest($5::bytea[]) AS failure,
+        unnest($6::bigint[]) AS retention_ms,
+        unnest($7::text[]) AS last_error
+),
+retired AS (
     DELETE FROM pgonce_outbox
-    USING (
-        SELECT
-            unnest($1::text[]) AS key,
-            unnest($2::integer[]) AS attempt
-    ) AS outcome
+    USING outcome
     WHERE pgonce_outbox.key = outcome.key
         AND pgonce_outbox.attempt = outcome.attempt
         AND pgonce_outbox.lease_until IS NOT NULL
-    RETURNING
-        pgonce_outbox.key,
-        pgonce_outbox.attempt
-),
-done AS (
-    SELECT
-        retired.key,
-        retired.attempt,
-        array_position($1::text[], retired.key) AS i
-    FROM retired
+    RETURNING pgonce_outbox.key
 ),
 updated AS (
     UPDATE pgonce_key
     SET
-        state = ($3::text[])[done.i],
-        response = ($4::bytea[])[done.i],
-        failure = ($5::bytea[])[done.i],
-        attempt = done.attempt,
-        last_error = nullif(($6::text[])[done.i], ''),
-        updated_at = coalesce($7::timestamptz, now()),
+        state = outcome.state,
+        response = outcome.response,
+        failure = outcome.failure,
+        attempt = outcome.attempt,
+        last_error = nullif(outcome.last_error, ''),
+        updated_at = coalesce($8::timestamptz, now()),
         completed_at = CASE
-            WHEN ($3::text[])[done.i] IN ('succeeded', 'failed') THEN coalesce($7::timestamptz, now())
+            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($8::timestamptz, now())
         END,
         expires_at = CASE
-            WHEN ($3::text[])[done.i] IN ('succeeded', 'failed')
-                THEN coalesce($7::timestamptz, now())
-                    + ($8::bigint[])[done.i] * interval '1 millisecond'
+            WHEN outcome.state IN ('succeeded', 'failed')
+                THEN coalesce($8::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
         END
-    FROM done
-    WHERE pgonce_key.key = done.key
+    FROM outcome
+    JOIN retired ON retired.key = outcome.key
+    WHERE pgonce_key.key = outcome.key
     RETURNING pgonce_key.key
 ),
 notified AS (
@@ -348,9 +345,9 @@ type OutboxFinishParams struct {
 	State       []string
 	Response    [][]byte
 	Failure     [][]byte
+	RetentionMs []int64
 	LastError   []string
 	Now         *time.Time
-	RetentionMs []int64
 	Channel     string
 }
 
@@ -364,10 +361,9 @@ type OutboxFinishRow struct {
 // outbox row that still holds that attempt under a lease is retired, and only
 // a retired row's key is written, so a late writer whose lease was taken over
 // changes nothing. Terminal outcomes start the retention of the key;
-// needs_review keeps the key without one.
-// Each retired key finds its outcome by its position in the arrays. Joining
-// retired to an unnested outcome relation instead is quadratic under the
-// generic plan of a prepared statement, which cannot see the array sizes.
+// needs_review keeps the key without one. internal/store runs it with a
+// custom plan: a generic plan cannot see the array sizes and joins outcome
+// and retired in quadratic time.
 // One notification carries up to 100 comma-separated keys, well within the
 // 8000-byte payload limit: a notification per key would make a batch pay
 // for each.
@@ -378,9 +374,9 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 		arg.State,
 		arg.Response,
 		arg.Failure,
+		arg.RetentionMs,
 		arg.LastError,
 		arg.Now,
-		arg.RetentionMs,
 		arg.Channel,
 	)
 	if err != nil {

@@ -78,19 +78,19 @@ type stdRewriting struct {
 }
 
 func (s stdRewriting) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	return s.db.ExecContext(ctx, s.rw.rewrite(query), args...)
+	return s.db.ExecContext(ctx, s.rw.rewrite(query).text, args...)
 }
 
 func (s stdRewriting) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	return s.db.PrepareContext(ctx, s.rw.rewrite(query))
+	return s.db.PrepareContext(ctx, s.rw.rewrite(query).text)
 }
 
 func (s stdRewriting) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return s.db.QueryContext(ctx, s.rw.rewrite(query), args...)
+	return s.db.QueryContext(ctx, s.rw.rewrite(query).text, args...)
 }
 
 func (s stdRewriting) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return s.db.QueryRowContext(ctx, s.rw.rewrite(query), args...)
+	return s.db.QueryRowContext(ctx, s.rw.rewrite(query).text, args...)
 }
 
 type stdExecutor struct {

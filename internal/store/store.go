@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -160,24 +161,48 @@ func InterpretError(err error) error {
 // distinctive enough that a word match cannot hit anything else.
 var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|tombstone|resolution)\b`)
 
+// customPlanQueries name the statements that take a batch as parallel
+// arrays. Under a prepared statement's generic plan PostgreSQL cannot see the
+// array sizes, guesses a handful of rows, and may join the unnested batch to
+// itself in quadratic time; these run as unnamed statements, planned with
+// their actual arguments every time.
+var customPlanQueries = []string{"-- name: OutboxFinish ", "-- name: OutboxRelease "}
+
 // rewriter qualifies the table names of statements with a schema, once per
 // statement text.
 type rewriter struct {
 	prefix string
-	cache  sync.Map // statement text -> rewritten text
+	cache  sync.Map // statement text -> *rewritten
+}
+
+type rewritten struct {
+	text       string
+	customPlan bool
 }
 
 func newRewriter(schema string) *rewriter {
 	return &rewriter{prefix: ident.Quote(schema) + "."}
 }
 
-func (r *rewriter) rewrite(query string) string {
-	if rewritten, ok := r.cache.Load(query); ok {
-		return rewritten.(string) //nolint:forcetypeassert // only strings are stored
+func (r *rewriter) rewrite(query string) *rewritten {
+	if cached, ok := r.cache.Load(query); ok {
+		return cached.(*rewritten) //nolint:forcetypeassert // only *rewritten is stored
 	}
-	rewritten := tablePattern.ReplaceAllString(query, r.prefix+"$0")
-	r.cache.Store(query, rewritten)
-	return rewritten
+	result := &rewritten{text: tablePattern.ReplaceAllString(query, r.prefix+"$0")}
+	for _, prefix := range customPlanQueries {
+		result.customPlan = result.customPlan || strings.HasPrefix(query, prefix)
+	}
+	r.cache.Store(query, result)
+	return result
+}
+
+// pgxArgs returns the arguments for pgx, asking for an unnamed statement
+// (planned with these arguments) where the statement needs it.
+func (r *rewritten) pgxArgs(args []any) []any {
+	if !r.customPlan {
+		return args
+	}
+	return append([]any{pgx.QueryExecModeExec}, args...)
 }
 
 type pgxRewriting struct {
@@ -186,13 +211,16 @@ type pgxRewriting struct {
 }
 
 func (p pgxRewriting) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	return p.db.Exec(ctx, p.rw.rewrite(query), args...)
+	rw := p.rw.rewrite(query)
+	return p.db.Exec(ctx, rw.text, rw.pgxArgs(args)...)
 }
 
 func (p pgxRewriting) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
-	return p.db.Query(ctx, p.rw.rewrite(query), args...)
+	rw := p.rw.rewrite(query)
+	return p.db.Query(ctx, rw.text, rw.pgxArgs(args)...)
 }
 
 func (p pgxRewriting) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
-	return p.db.QueryRow(ctx, p.rw.rewrite(query), args...)
+	rw := p.rw.rewrite(query)
+	return p.db.QueryRow(ctx, rw.text, rw.pgxArgs(args)...)
 }
