@@ -141,8 +141,7 @@ func setup() {
 		}
 		pool, localErr := connect(ctx, url)
 		if localErr != nil {
-			var containerErr error
-			url, containerErr = startContainer(ctx)
+			containerURL, containerErr := startContainer(ctx)
 			if containerErr != nil {
 				shared.err = fmt.Errorf("no PostgreSQL for the tests.\n"+
 					"  %s: %v\n  testcontainers: %v\n"+
@@ -150,6 +149,7 @@ func setup() {
 					"the tests may create schemas in, or start a Docker engine", url, localErr, containerErr, DatabaseURLEnv)
 				return
 			}
+			url = containerURL
 			if pool, shared.err = connect(ctx, url); shared.err != nil {
 				return
 			}
