@@ -43,7 +43,7 @@ test/short: ## Run the tests without the race detector
 
 .PHONY: bench
 bench: ## Run the benchmarks, 6 counts each, for benchstat
-	go test -run='^$$' -bench=. -benchmem -count=6 ./... | tee bench.txt
+	go test -run='^$$' -bench=. -benchmem -count=6 -timeout=60m ./... | tee bench.txt
 
 .PHONY: tidy
 tidy: ## go mod tidy

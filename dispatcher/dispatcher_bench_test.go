@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -367,8 +368,8 @@ func BenchmarkClaim(b *testing.B) {
 	}
 }
 
-// benchDone counts the notifications of schema's done channel: one per
-// key whose outcome is committed.
+// benchDone counts the keys notified on schema's done channel: each
+// notification carries the comma-separated keys whose outcomes committed.
 type benchDone struct {
 	notifications chan struct{}
 }
@@ -390,10 +391,13 @@ func benchListenDone(b *testing.B, schema string) *benchDone {
 	go func() {
 		defer close(stopped)
 		for {
-			if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+			notification, err := conn.Conn().WaitForNotification(ctx)
+			if err != nil {
 				return
 			}
-			done.notifications <- struct{}{}
+			for range strings.SplitSeq(notification.Payload, ",") {
+				done.notifications <- struct{}{}
+			}
 		}
 	}()
 	b.Cleanup(func() {
@@ -406,7 +410,7 @@ func benchListenDone(b *testing.B, schema string) *benchDone {
 	return done
 }
 
-// await waits for n notifications.
+// await waits for n keys to be notified.
 func (d *benchDone) await(b *testing.B, n int) {
 	b.Helper()
 	timeout := time.After(benchTimeout)
@@ -464,6 +468,9 @@ func benchQuantile(sorted []time.Duration, q float64) float64 {
 	return float64(sorted[i].Nanoseconds()) / 1e6
 }
 
+// benchEnvInt reads a tuning knob of the drain benchmark from the
+// environment (PGONCE_BENCH_CONCURRENCY, PGONCE_BENCH_BATCH), so that other
+// settings can be compared without editing the benchmark.
 func benchEnvInt(name string, fallback int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
