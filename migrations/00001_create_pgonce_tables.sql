@@ -1,8 +1,11 @@
 -- +goose Up
 
 -- pgonce_key is the key store and the one source of truth for a key's state.
--- A key row is written once per intended action and lives until retention
--- prunes it into a tombstone.
+-- A key row is written once per intended action. Retention later turns it into
+-- its own tombstone (state expired: the response and arguments dropped, the
+-- key, scope and completion time kept), which still holds the key's unique
+-- index entries, so a late duplicate finds it and nothing runs again; the
+-- tombstone is deleted after its own horizon.
 CREATE TABLE pgonce_key (
     key text PRIMARY KEY,
     -- scope identifies the logical action (tenant + run + step, or tenant +
@@ -20,24 +23,32 @@ CREATE TABLE pgonce_key (
     fingerprint text NOT NULL,
     -- args are the RFC 8785 canonical bytes of the arguments.
     args bytea NOT NULL,
-    -- open: pending or in flight, as the key's outbox row says.
+    -- open: pending or in flight, as the key's outbox row says. expired: a
+    -- tombstone.
     state text NOT NULL DEFAULT 'open',
     attempt integer NOT NULL DEFAULT 0,
     -- response and failure are bytea, not jsonb: jsonb reorders members and
     -- drops whitespace, and a replay must return the provider's exact bytes.
     response bytea,
     failure bytea,
+    -- last_error keeps why the last attempt did not succeed, for a failed or
+    -- needs-review key whose outbox row is gone.
+    last_error text,
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     completed_at timestamptz,
-    -- expires_at is when retention may turn the key into a tombstone. Only
-    -- terminal keys have one.
+    -- expires_at is when retention may turn a finished key into a tombstone,
+    -- and, for a tombstone, when it may be deleted. Open and needs-review keys
+    -- have none.
     expires_at timestamptz,
+    -- forget_at is when the tombstone of a finished key may be deleted, fixed
+    -- when the key finishes.
+    forget_at timestamptz,
     CONSTRAINT pgonce_key_scope_key UNIQUE (scope),
-    CONSTRAINT pgonce_key_state_check CHECK (state IN ('open', 'succeeded', 'failed', 'needs_review')),
+    CONSTRAINT pgonce_key_state_check CHECK (state IN ('open', 'succeeded', 'failed', 'needs_review', 'expired')),
     CONSTRAINT pgonce_key_response_check CHECK ((state = 'succeeded') = (response IS NOT NULL)),
     CONSTRAINT pgonce_key_failure_check CHECK ((state = 'failed') = (failure IS NOT NULL)),
-    CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed')) = (completed_at IS NOT NULL))
+    CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed', 'expired')) = (completed_at IS NOT NULL))
 );
 
 CREATE INDEX pgonce_key_expires_at_idx ON pgonce_key (expires_at) WHERE expires_at IS NOT NULL;
@@ -69,19 +80,6 @@ CREATE INDEX pgonce_outbox_due_idx ON pgonce_outbox (available_at) WHERE lease_u
 -- The reconciler reads expired leases from this one.
 CREATE INDEX pgonce_outbox_lease_idx ON pgonce_outbox (lease_until) WHERE lease_until IS NOT NULL;
 
--- pgonce_tombstone remembers a pruned key, without its response, so that a
--- late duplicate is refused as expired instead of executed again.
-CREATE TABLE pgonce_tombstone (
-    key text PRIMARY KEY,
-    scope text NOT NULL,
-    completed_at timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL,
-    CONSTRAINT pgonce_tombstone_scope_key UNIQUE (scope)
-);
-
-CREATE INDEX pgonce_tombstone_expires_at_idx ON pgonce_tombstone (expires_at);
-
 -- +goose Down
-DROP TABLE pgonce_tombstone;
 DROP TABLE pgonce_outbox;
 DROP TABLE pgonce_key;

@@ -40,7 +40,7 @@ func schemaExists(ctx context.Context, t *testing.T, db *sql.DB, schema string) 
 func TestUp(t *testing.T) {
 	t.Parallel()
 
-	allTables := []string{"pgonce_db_version", "pgonce_key", "pgonce_outbox", "pgonce_resolution", "pgonce_tombstone"}
+	allTables := []string{"pgonce_db_version", "pgonce_key", "pgonce_outbox", "pgonce_resolution"}
 
 	t.Run("AppliesToEmptyDatabaseAndIsIdempotent", func(t *testing.T) {
 		t.Parallel()
@@ -88,14 +88,15 @@ func TestUp(t *testing.T) {
 		db := pgoncetest.DB(t)
 		first, second := pgoncetest.Schema(t), pgoncetest.Schema(t)
 
-		_, err := db.ExecContext(ctx, `INSERT INTO "`+first+`".pgonce_tombstone (key, scope, completed_at, expires_at)
-			VALUES ('k', 's', now(), now())`)
+		_, err := db.ExecContext(ctx, `INSERT INTO "`+first+`".pgonce_key
+			(key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
+			VALUES ('k', 's', '', 'run', 1, '', 'refund', '', 'f', '{}')`)
 		require.NoError(t, err)
 
 		var count int
-		require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM "`+first+`".pgonce_tombstone`).Scan(&count))
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM "`+first+`".pgonce_key`).Scan(&count))
 		require.Equal(t, 1, count)
-		require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM "`+second+`".pgonce_tombstone`).Scan(&count))
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM "`+second+`".pgonce_key`).Scan(&count))
 		require.Equal(t, 0, count)
 	})
 

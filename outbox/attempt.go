@@ -197,7 +197,7 @@ func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]b
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
 	defer cancel()
 	written := make(map[Key]bool, len(outcomes))
-	finish := &dbpgx.OutboxFinishParams{Now: c.nowParam()}
+	finish := &dbpgx.OutboxFinishParams{Now: c.nowParam(), TombstoneMs: c.config.TombstoneRetention.Milliseconds()}
 	release := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
 	if !c.config.NotifyDisabled {
 		finish.Channel = c.store.DoneChannel

@@ -125,20 +125,17 @@ func (c *Client[TTx]) Get(ctx context.Context, key Key) (Result, error) {
 
 func (c *Client[TTx]) get(ctx context.Context, exec store.Executor, key Key) (Result, error) {
 	row, err := exec.KeyGet(ctx, &dbpgx.KeyGetParams{Key: string(key)})
-	if err == nil {
-		return c.resultFromRow(row, false), nil
-	}
-	if !errors.Is(err, store.ErrNoRows) {
-		return Result{}, fmt.Errorf("get key: %w", err)
-	}
-	tomb, err := exec.TombstoneGet(ctx, &dbpgx.TombstoneGetParams{Key: string(key)})
 	if errors.Is(err, store.ErrNoRows) {
 		return Result{}, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
 	if err != nil {
-		return Result{}, fmt.Errorf("get tombstone: %w", err)
+		return Result{}, fmt.Errorf("get key: %w", err)
 	}
-	return expiredResult(Key(tomb.Key), tomb.CompletedAt), &ExpiredError{Key: Key(tomb.Key), CompletedAt: tomb.CompletedAt}
+	res := c.resultFromRow(row, false)
+	if res.State == StateExpired {
+		return res, &ExpiredError{Key: res.Key, CompletedAt: res.CompletedAt}
+	}
+	return res, nil
 }
 
 // prepare derives call's key and finds its tool. Nothing is written.
@@ -180,9 +177,8 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 	} else if !c.config.NotifyDisabled {
 		params.Channel = c.store.WorkChannel
 	}
-	// A conflicting row can vanish between the insert and the read (pruned
-	// into a tombstone, which the next round then finds); a few rounds
-	// settle it.
+	// A conflicting row can vanish between the insert and the read (a
+	// tombstone past its horizon, deleted); the next round then inserts.
 	for range 3 {
 		row, err := exec.KeyInsert(ctx, params)
 		if err == nil {
@@ -206,6 +202,10 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		}
 		existing, err := exec.KeyGetByKeyOrScope(ctx, &dbpgx.KeyGetByKeyOrScopeParams{Key: string(d.Key), Scope: d.Scope})
 		if err == nil {
+			if existing.State == dbStateExpired {
+				// The action, or another one in its scope, already ran.
+				return Result{}, nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
+			}
 			if existing.Key != string(d.Key) || existing.Fingerprint != d.Fingerprint {
 				return Result{}, nil, &KeyConflictError{
 					Key:                 d.Key,
@@ -219,13 +219,6 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		}
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("read existing key: %w", err)
-		}
-		tomb, err := exec.TombstoneGet(ctx, &dbpgx.TombstoneGetParams{Key: string(d.Key), Scope: d.Scope})
-		if err == nil {
-			return Result{}, nil, &ExpiredError{Key: Key(tomb.Key), CompletedAt: tomb.CompletedAt}
-		}
-		if !errors.Is(err, store.ErrNoRows) {
-			return Result{}, nil, fmt.Errorf("read tombstone: %w", err)
 		}
 	}
 	return Result{}, nil, fmt.Errorf("claim key %s: the conflicting row kept changing", d.Key)
@@ -266,12 +259,17 @@ func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
 		res.State, res.Failure = StateFailed, row.Failure
 	case dbStateNeedsReview:
 		res.State = StateNeedsReview
+	case dbStateExpired:
+		res.State = StateExpired
 	}
 	return res
 }
 
-func expiredResult(key Key, completedAt time.Time) Result {
-	return Result{Key: key, State: StateExpired, CompletedAt: completedAt}
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }
 
 // Retry-after hints: never below retryAfterMin, so that a busy caller backs

@@ -568,13 +568,16 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		call := refundCall("run-old")
 		key := mustKey(t, call)
 		completed := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-		// A tombstone as retention leaves it; its scope is the key's.
-		_, err := bundle.client.Submit(t.Context(), call)
+		// A tombstone as retention leaves it: the key's row, state expired,
+		// without response or arguments.
+		_, err := bundle.client.Do(t.Context(), call, nil)
 		require.NoError(t, err)
+		calls := bundle.provider.calls.Load()
 		_, err = pgoncetest.Pool(t).Exec(t.Context(), `
-			WITH gone AS (DELETE FROM "`+bundle.schema+`".pgonce_key WHERE key = $1 RETURNING key, scope)
-			INSERT INTO "`+bundle.schema+`".pgonce_tombstone (key, scope, completed_at, expires_at)
-			SELECT key, scope, $2, $2::timestamptz + interval '1 year' FROM gone`, string(key), completed)
+			UPDATE "`+bundle.schema+`".pgonce_key
+			SET state = 'expired', response = NULL, args = '', completed_at = $2,
+				expires_at = $2::timestamptz + interval '1 year'
+			WHERE key = $1`, string(key), completed)
 		require.NoError(t, err)
 
 		_, err = bundle.client.Submit(t.Context(), call)
@@ -589,7 +592,13 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.ErrorIs(t, err, outbox.ErrExpired)
 		require.Equal(t, outbox.StateExpired, got.State)
 		require.Equal(t, "expired", got.Observation().Status)
-		require.Zero(t, bundle.provider.calls.Load())
+		require.Equal(t, calls, bundle.provider.calls.Load())
+
+		// Another action asked at the expired step is refused too.
+		replanned := call
+		replanned.Args = map[string]any{"order": 1}
+		_, err = bundle.client.Submit(t.Context(), replanned)
+		require.ErrorIs(t, err, outbox.ErrExpired)
 	})
 }
 

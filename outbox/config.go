@@ -51,8 +51,10 @@ type Config struct {
 	// [RetentionDefault], 30 days.
 	Retention time.Duration
 
-	// TombstoneRetention is how long a tombstone is kept after its key was
-	// pruned. Defaults to [TombstoneRetentionDefault], one year.
+	// TombstoneRetention is how long, from completion, a finished key is
+	// remembered at all: after Retention its response goes and a tombstone
+	// remains until then. It is fixed on each key when the key finishes.
+	// Defaults to [TombstoneRetentionDefault], one year.
 	TombstoneRetention time.Duration
 
 	// NotifyDisabled turns off LISTEN/NOTIFY wake-ups: submits then never

@@ -46,8 +46,9 @@ type QueueEntry struct {
 	LastError string
 }
 
-// Inspect returns the full record of key. It returns [ErrNotFound] for an
-// unknown key, and [ErrExpired] with the tombstone's result for a pruned one.
+// Inspect returns the full record of key; for a pruned key, its tombstone
+// ([StateExpired], without response or arguments). It returns [ErrNotFound]
+// for an unknown key.
 func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) {
 	if _, err := ParseKey(string(key)); err != nil {
 		return Inspection{}, err
@@ -118,7 +119,8 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 
 // Stats summarises a schema for operators.
 type Stats struct {
-	// Keys counts keys per tool and state.
+	// Keys counts keys per tool and state; tombstones count as
+	// [StateExpired].
 	Keys map[string]map[State]int64 `json:"keys"`
 	// Pending and InFlight count open keys.
 	Pending  int64 `json:"pending"`
@@ -148,8 +150,11 @@ func (c *Client[TTx]) Stats(ctx context.Context) (Stats, error) {
 				stats.Keys[row.Tool] = map[State]int64{}
 			}
 			stats.Keys[row.Tool][State(row.State)] = row.Keys
-			if State(row.State) == StateNeedsReview {
+			switch State(row.State) {
+			case StateNeedsReview:
 				stats.NeedsReview += row.Keys
+			case StateExpired:
+				stats.Tombstones += row.Keys
 			}
 		}
 		queue, err := q.OutboxStats(ctx, db, &dbpgx.OutboxStatsParams{Now: c.nowParam()})
@@ -158,8 +163,7 @@ func (c *Client[TTx]) Stats(ctx context.Context) (Stats, error) {
 		}
 		stats.Pending, stats.InFlight, stats.ExpiredLeases = queue.Pending, queue.InFlight, queue.ExpiredLeases
 		stats.OldestPending = time.Duration(queue.OldestPendingMs) * time.Millisecond
-		stats.Tombstones, err = q.TombstoneCount(ctx, db)
-		return err
+		return nil
 	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)

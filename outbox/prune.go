@@ -32,9 +32,12 @@ type PruneResult struct {
 }
 
 // Prune applies retention. Finished keys (succeeded or failed) whose
-// retention ended lose their response and become tombstones that keep the
-// key and its completion time until [Config.TombstoneRetention] after
-// completion; tombstones past that horizon are deleted. Pending, in-flight
+// retention ended lose their response and arguments and become tombstones
+// that keep the key, its scope and its completion time until the tombstone
+// horizon fixed when the key finished ([Config.TombstoneRetention] of the
+// client that recorded it); tombstones past that horizon are deleted. A
+// tombstone keeps the key's row and unique index entries, so a duplicate
+// that races with pruning conflicts with it and never runs. Pending, in-flight
 // and needs-review keys are never touched. A submit, Do or Get of a
 // tombstoned key returns [ErrExpired] and nothing runs again.
 //
@@ -53,11 +56,11 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 	var result PruneResult
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		if opts.DryRun {
-			keys, err := q.KeyCountExpired(ctx, db, &dbpgx.KeyCountExpiredParams{Now: c.nowParam()})
+			keys, err := q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: c.nowParam()})
 			if err != nil {
 				return fmt.Errorf("count expired keys: %w", err)
 			}
-			tombstones, err := q.TombstoneCountExpired(ctx, db, &dbpgx.TombstoneCountExpiredParams{Now: c.nowParam()})
+			tombstones, err := q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: c.nowParam()})
 			if err != nil {
 				return fmt.Errorf("count expired tombstones: %w", err)
 			}
@@ -65,24 +68,23 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 			return nil
 		}
 		for {
-			row, err := q.KeyPrune(ctx, db, &dbpgx.KeyPruneParams{
-				Now:                  c.nowParam(),
-				MaxRows:              int32(batch), //nolint:gosec // a batch size
-				TombstoneRetentionMs: c.config.TombstoneRetention.Milliseconds(),
+			expired, err := q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
+				Now:     c.nowParam(),
+				MaxRows: int32(batch), //nolint:gosec // a batch size
 			})
 			if err != nil {
 				return fmt.Errorf("prune keys: %w", err)
 			}
-			result.Keys += row.Pruned
-			if opts.ProgressFunc != nil && row.Pruned > 0 {
+			result.Keys += expired
+			if opts.ProgressFunc != nil && expired > 0 {
 				opts.ProgressFunc(result)
 			}
-			if row.Pruned < int64(batch) {
+			if expired < int64(batch) {
 				break
 			}
 		}
 		for {
-			pruned, err := q.TombstonePrune(ctx, db, &dbpgx.TombstonePruneParams{
+			pruned, err := q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
 				Now:     c.nowParam(),
 				MaxRows: int32(batch), //nolint:gosec // a batch size
 			})

@@ -124,6 +124,7 @@ func (c *Client[TTx]) Resolve(ctx context.Context, key Key, resolution Resolutio
 		Failure:     resolution.Failure,
 		Now:         c.nowParam(),
 		RetentionMs: c.config.Retention.Milliseconds(),
+		TombstoneMs: c.config.TombstoneRetention.Milliseconds(),
 		ResolvedBy:  resolution.By,
 		Reason:      resolution.Reason,
 	}

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"sync"
@@ -273,4 +274,61 @@ func TestStats(t *testing.T) {
 	require.Equal(t, int64(1), stats.Pending)
 	require.Zero(t, stats.InFlight)
 	require.Zero(t, stats.Tombstones)
+}
+
+// A duplicate that races with pruning meets the tombstone, never a gap: the
+// tombstone is the key's own row, so the unique index holds through pruning.
+func TestDuplicateRacingPruneNeverRunsAgain(t *testing.T) {
+	t.Parallel()
+	schema := pgoncetest.Schema(t)
+	provider := &countingProvider{response: json.RawMessage(`{"ok":true}`)}
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+	require.NoError(t, err)
+	call := refundCall("run-race-prune")
+	done, err := client.Do(t.Context(), call, nil)
+	require.NoError(t, err)
+
+	// Pruning, caught mid-way: the key is being turned into a tombstone by
+	// a transaction that has not committed.
+	pruner, err := pgoncetest.Pool(t).Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pruner.Rollback(context.Background()) })
+	_, err = pruner.Exec(t.Context(), `
+		UPDATE "`+schema+`".pgonce_key
+		SET state = 'expired', response = NULL, args = '', expires_at = now() + interval '1 year'
+		WHERE key = $1`, string(done.Key))
+	require.NoError(t, err)
+
+	type outcome struct {
+		res outbox.Result
+		err error
+	}
+	racing := make(chan outcome, 1)
+	go func() {
+		res, err := client.Submit(context.Background(), call)
+		racing <- outcome{res, err}
+	}()
+	// Whether the duplicate waits for the pruner or answers at once, it
+	// never creates the key again.
+	commitErr := make(chan error, 1)
+	go func() { commitErr <- pruner.Commit(context.Background()) }()
+	require.NoError(t, <-commitErr)
+	got := <-racing
+	if got.err != nil {
+		require.ErrorIs(t, got.err, outbox.ErrExpired)
+	} else {
+		require.False(t, got.res.Created)
+		require.True(t, got.res.Replayed())
+	}
+
+	_, err = client.Submit(t.Context(), call)
+	require.ErrorIs(t, err, outbox.ErrExpired)
+	_, err = client.Do(t.Context(), call, nil)
+	require.ErrorIs(t, err, outbox.ErrExpired)
+	require.Equal(t, int64(1), provider.calls.Load())
+	keys, rows := rowCounts(t, schema)
+	require.Equal(t, 1, keys)
+	require.Zero(t, rows)
 }

@@ -17,8 +17,9 @@ const (
 	// StateNeedsReview means nobody could determine the outcome; nothing runs
 	// until an operator resolves the key.
 	StateNeedsReview State = "needs_review"
-	// StateExpired means the key outlived its retention; only a tombstone with
-	// the completion time remains, and the action never runs again.
+	// StateExpired means the key outlived its retention; only its tombstone,
+	// with the completion time, remains, and the action never runs again
+	// while it does.
 	StateExpired State = "expired"
 )
 
@@ -40,4 +41,5 @@ const (
 	dbStateSucceeded   = "succeeded"
 	dbStateFailed      = "failed"
 	dbStateNeedsReview = "needs_review"
+	dbStateExpired     = "expired"
 )

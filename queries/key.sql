@@ -1,7 +1,8 @@
 -- name: KeyInsert :one
 -- KeyInsert writes the key claim and its outbox row in one statement, and
 -- notifies dispatchers when the row is pending. ON CONFLICT DO NOTHING has no
--- target, so it covers both the key and the scope. A caller that gets no row
+-- target, so it covers both the key and the scope, and a tombstone (an expired
+-- key keeps its row) conflicts like any other key. A caller that gets no row
 -- reads the existing one with KeyGetByKeyOrScope in a new statement: under
 -- READ COMMITTED only a new statement's snapshot sees a row that another
 -- transaction committed while this insert waited on the unique index.
@@ -34,12 +35,6 @@ WITH inserted AS (
         @args::bytea,
         coalesce(sqlc.narg('now')::timestamptz, now()),
         coalesce(sqlc.narg('now')::timestamptz, now())
-    WHERE NOT EXISTS (
-        SELECT 1
-        FROM pgonce_tombstone
-        WHERE pgonce_tombstone.key = @key::text
-            OR pgonce_tombstone.scope = @scope::text
-    )
     ON CONFLICT DO NOTHING
     RETURNING
         pgonce_key.key,
@@ -146,13 +141,17 @@ FROM pgonce_key
 LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = @key::text;
 
--- name: KeyPrune :one
--- KeyPrune turns up to max_rows finished keys past their expiry into
--- tombstones: the response goes, the key and its completion time stay. Only
--- succeeded and failed keys have an expiry; pending, in-flight and
--- needs-review keys are never touched. SKIP LOCKED lets pruning run beside
--- anything else without waiting, and small batches keep locks short.
-WITH expired AS (
+-- name: KeyExpire :one
+-- KeyExpire turns up to max_rows finished keys past their retention into
+-- tombstones, in place: the response, failure and arguments go; the key,
+-- scope, identity and completion time stay, and so do the unique index
+-- entries, so that a concurrent or late duplicate conflicts with the
+-- tombstone and never runs. The tombstone lasts until the forget_at fixed
+-- when the key finished. Only succeeded and failed keys have an expiry;
+-- pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
+-- pruning run beside anything else without waiting, and small batches keep
+-- locks short.
+WITH due AS (
     SELECT pgonce_key.key
     FROM pgonce_key
     WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
@@ -161,43 +160,55 @@ WITH expired AS (
     LIMIT @max_rows::integer
     FOR UPDATE SKIP LOCKED
 ),
+expired AS (
+    UPDATE pgonce_key
+    SET
+        state = 'expired',
+        response = NULL,
+        failure = NULL,
+        args = ''::bytea,
+        last_error = NULL,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        expires_at = greatest(pgonce_key.forget_at, coalesce(sqlc.narg('now')::timestamptz, now()))
+    FROM due
+    WHERE pgonce_key.key = due.key
+    RETURNING pgonce_key.key
+)
+SELECT count(*)::bigint AS expired
+FROM expired;
+
+-- name: KeyForget :one
+-- KeyForget deletes up to max_rows tombstones past their horizon; only then
+-- can the same action run again.
+WITH due AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_key.state = 'expired'
+    ORDER BY pgonce_key.expires_at
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
 deleted AS (
     DELETE FROM pgonce_key
-    USING expired
-    WHERE pgonce_key.key = expired.key
-    RETURNING
-        pgonce_key.key,
-        pgonce_key.scope,
-        pgonce_key.completed_at
-),
-tombstoned AS (
-    INSERT INTO pgonce_tombstone (
-        key,
-        scope,
-        completed_at,
-        expires_at
-    )
-    SELECT
-        deleted.key,
-        deleted.scope,
-        deleted.completed_at,
-        greatest(
-            deleted.completed_at + sqlc.arg('tombstone_retention_ms')::bigint * interval '1 millisecond',
-            coalesce(sqlc.narg('now')::timestamptz, now())
-        )
-    FROM deleted
-    ON CONFLICT DO NOTHING
-    RETURNING pgonce_tombstone.key
+    USING due
+    WHERE pgonce_key.key = due.key
+    RETURNING pgonce_key.key
 )
-SELECT
-    (SELECT count(*) FROM deleted)::bigint AS pruned,
-    (SELECT count(*) FROM tombstoned)::bigint AS tombstoned;
+SELECT count(*)::bigint AS forgotten
+FROM deleted;
 
--- name: KeyCountExpired :one
-SELECT count(*)::bigint AS expired
+-- name: KeyCountExpirable :one
+SELECT count(*)::bigint AS expirable
 FROM pgonce_key
 WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
     AND pgonce_key.state IN ('succeeded', 'failed');
+
+-- name: KeyCountForgettable :one
+SELECT count(*)::bigint AS forgettable
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+    AND pgonce_key.state = 'expired';
 
 -- name: KeyCountByToolAndState :many
 -- KeyCountByToolAndState counts keys per tool and state, for operators. It

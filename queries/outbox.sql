@@ -140,6 +140,10 @@ updated AS (
         expires_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed')
                 THEN coalesce(sqlc.narg('now')::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+        END,
+        forget_at = CASE
+            WHEN outcome.state IN ('succeeded', 'failed')
+                THEN coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
         END
     FROM outcome
     JOIN retired ON retired.key = outcome.key

@@ -27,6 +27,10 @@ updated AS (
         expires_at = CASE
             WHEN @action::text = 'retry' THEN NULL
             ELSE coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond'
+        END,
+        forget_at = CASE
+            WHEN @action::text = 'retry' THEN NULL
+            ELSE coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
         END
     FROM target
     WHERE pgonce_key.key = target.key

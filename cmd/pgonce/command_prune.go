@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -14,7 +13,7 @@ import (
 func pruneCommand() *command {
 	return &command{
 		name:     "prune",
-		synopsis: "prune [--dry-run] [--batch-size N] [--tombstone-retention DURATION] [--json]",
+		synopsis: "prune [--dry-run] [--batch-size N] [--json]",
 		summary:  "apply retention: finished keys past retention become tombstones",
 		help: `Applies retention, as the reconciler also does on each run: succeeded and
 failed keys whose retention ended lose their response and become tombstones
@@ -23,14 +22,12 @@ tombstones past their horizon are deleted. Pending, in-flight and
 needs-review keys are never touched. Work is done in short batches that skip
 locked rows, so prune may run beside dispatchers.
 
-A key's retention was fixed when it finished. --tombstone-retention sets how
-long the tombstones made now are kept: use the value your service configures
-(outbox.Config.TombstoneRetention). Progress is shown on a terminal.`,
+A key's retention and its tombstone's horizon were fixed when it finished, by
+the service that recorded it, so prune needs no settings of its own.
+Progress is shown on a terminal.`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			dryRun := fs.Bool("dry-run", false, "count what would be pruned; change nothing")
 			batchSize := fs.Int("batch-size", outbox.PruneBatchSizeDefault, "rows per statement")
-			tombstoneRetention := fs.Duration("tombstone-retention", outbox.TombstoneRetentionDefault,
-				"how long new tombstones are kept")
 			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 0 {
@@ -39,25 +36,21 @@ long the tombstones made now are kept: use the value your service configures
 				if *batchSize < 1 || *batchSize > 100_000 {
 					return usageErrorf("--batch-size must be between 1 and 100000")
 				}
-				return e.prune(ctx, *dryRun, *batchSize, *tombstoneRetention, *asJSON)
+				return e.prune(ctx, *dryRun, *batchSize, *asJSON)
 			}
 		},
 	}
 }
 
-func (e *env) prune(ctx context.Context, dryRun bool, batchSize int, tombstoneRetention time.Duration, asJSON bool) error {
+func (e *env) prune(ctx context.Context, dryRun bool, batchSize int, asJSON bool) error {
 	c, err := e.connectMigrated(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	client, err := c.client(outbox.Config{
-		Logger:             e.logger(),
-		Retention:          min(outbox.RetentionDefault, tombstoneRetention),
-		TombstoneRetention: tombstoneRetention,
-	})
+	client, err := c.client(outbox.Config{Logger: e.logger()})
 	if err != nil {
-		return usageErrorf("--tombstone-retention: %v", err)
+		return err
 	}
 	progress := newProgress(e.stderr)
 	result, err := client.Prune(ctx, &outbox.PruneOpts{

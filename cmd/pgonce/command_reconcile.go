@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
@@ -44,8 +43,6 @@ skipped, or with --fail-on-stale when pending rows wait for a dispatcher.`,
 			grace := fs.Duration("grace", reconcile.GraceDefault, "how long past its lease an in-flight row waits")
 			stalePending := fs.Duration("stale-pending", reconcile.StalePendingDefault, "report pending rows due longer than this")
 			noPrune := fs.Bool("no-prune", false, "do not apply retention")
-			tombstoneRetention := fs.Duration("tombstone-retention", outbox.TombstoneRetentionDefault,
-				"how long tombstones made by pruning are kept")
 			asJSON := fs.Bool("json", false, "print the report as JSON")
 			failOnSkipped := fs.Bool("fail-on-skipped", false, "exit 3 when expired rows of unnamed tools were skipped")
 			failOnStale := fs.Bool("fail-on-stale", false, "exit 3 when pending rows wait longer than --stale-pending")
@@ -66,12 +63,11 @@ skipped, or with --fail-on-stale when pending rows wait for a dispatcher.`,
 					return err
 				}
 				return e.reconcile(ctx, reconcileParams{
-					registry:           registry,
-					config:             reconcile.Config{Grace: *grace, StalePending: *stalePending, PruneDisabled: *noPrune},
-					tombstoneRetention: *tombstoneRetention,
-					asJSON:             *asJSON,
-					failOnSkipped:      *failOnSkipped,
-					failOnStale:        *failOnStale,
+					registry:      registry,
+					config:        reconcile.Config{Grace: *grace, StalePending: *stalePending, PruneDisabled: *noPrune},
+					asJSON:        *asJSON,
+					failOnSkipped: *failOnSkipped,
+					failOnStale:   *failOnStale,
 				})
 			}
 		},
@@ -116,12 +112,11 @@ func placeholderRegistry(keyed, atMostOnce []string) (*outbox.Registry, error) {
 }
 
 type reconcileParams struct {
-	registry           *outbox.Registry
-	config             reconcile.Config
-	tombstoneRetention time.Duration
-	asJSON             bool
-	failOnSkipped      bool
-	failOnStale        bool
+	registry      *outbox.Registry
+	config        reconcile.Config
+	asJSON        bool
+	failOnSkipped bool
+	failOnStale   bool
 }
 
 func (e *env) reconcile(ctx context.Context, p reconcileParams) error {
@@ -131,10 +126,8 @@ func (e *env) reconcile(ctx context.Context, p reconcileParams) error {
 	}
 	defer c.close()
 	config := outbox.Config{
-		Registry:           p.registry,
-		Logger:             e.logger(),
-		Retention:          min(outbox.RetentionDefault, p.tombstoneRetention),
-		TombstoneRetention: p.tombstoneRetention,
+		Registry: p.registry,
+		Logger:   e.logger(),
 	}
 	client, err := c.client(config)
 	if err != nil {

@@ -316,6 +316,10 @@ updated AS (
         expires_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed')
                 THEN coalesce($8::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+        END,
+        forget_at = CASE
+            WHEN outcome.state IN ('succeeded', 'failed')
+                THEN coalesce($8::timestamptz, now()) + $9::bigint * interval '1 millisecond'
         END
     FROM outcome
     JOIN retired ON retired.key = outcome.key
@@ -323,14 +327,14 @@ updated AS (
     RETURNING pgonce_key.key
 ),
 notified AS (
-    SELECT pg_notify($9::text, string_agg(numbered.key, ','))
+    SELECT pg_notify($10::text, string_agg(numbered.key, ','))
     FROM (
         SELECT
             updated.key,
             (row_number() OVER () - 1) / 100 AS chunk
         FROM updated
     ) AS numbered
-    WHERE $9::text <> ''
+    WHERE $10::text <> ''
     GROUP BY numbered.chunk
 )
 SELECT
@@ -348,6 +352,7 @@ type OutboxFinishParams struct {
 	RetentionMs []int64
 	LastError   []string
 	Now         *time.Time
+	TombstoneMs int64
 	Channel     string
 }
 
@@ -377,6 +382,7 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 		arg.RetentionMs,
 		arg.LastError,
 		arg.Now,
+		arg.TombstoneMs,
 		arg.Channel,
 	)
 	if err != nil {

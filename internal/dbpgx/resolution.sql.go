@@ -35,6 +35,10 @@ updated AS (
         expires_at = CASE
             WHEN $2::text = 'retry' THEN NULL
             ELSE coalesce($5::timestamptz, now()) + $6::bigint * interval '1 millisecond'
+        END,
+        forget_at = CASE
+            WHEN $2::text = 'retry' THEN NULL
+            ELSE coalesce($5::timestamptz, now()) + $7::bigint * interval '1 millisecond'
         END
     FROM target
     WHERE pgonce_key.key = target.key
@@ -72,16 +76,16 @@ recorded AS (
     SELECT
         updated.key,
         $2::text,
-        $7::text,
         $8::text,
+        $9::text,
         coalesce($5::timestamptz, now())
     FROM updated
     RETURNING pgonce_resolution.id
 ),
 notified AS (
-    SELECT pg_notify($9::text, updated.key)
+    SELECT pg_notify($10::text, updated.key)
     FROM updated
-    WHERE $9::text <> ''
+    WHERE $10::text <> ''
 )
 SELECT
     updated.key,
@@ -98,6 +102,7 @@ type KeyResolveParams struct {
 	Failure     []byte
 	Now         *time.Time
 	RetentionMs int64
+	TombstoneMs int64
 	ResolvedBy  string
 	Reason      string
 	Channel     string
@@ -122,6 +127,7 @@ func (q *Queries) KeyResolve(ctx context.Context, db DBTX, arg *KeyResolveParams
 		arg.Failure,
 		arg.Now,
 		arg.RetentionMs,
+		arg.TombstoneMs,
 		arg.ResolvedBy,
 		arg.Reason,
 		arg.Channel,

@@ -23,11 +23,12 @@ type PgonceKey struct {
 	Attempt     int32
 	Response    []byte
 	Failure     []byte
+	LastError   *string
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
-	LastError   *string
+	ForgetAt    *time.Time
 }
 
 type PgonceOutbox struct {
@@ -50,11 +51,4 @@ type PgonceResolution struct {
 	ResolvedBy string
 	Reason     string
 	ResolvedAt time.Time
-}
-
-type PgonceTombstone struct {
-	Key         string
-	Scope       string
-	CompletedAt time.Time
-	ExpiresAt   time.Time
 }

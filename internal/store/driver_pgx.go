@@ -75,8 +75,3 @@ func (e *pgxExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyG
 	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, params)
 	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
 }
-
-func (e *pgxExecutor) TombstoneGet(ctx context.Context, params *dbpgx.TombstoneGetParams) (*dbpgx.TombstoneGetRow, error) {
-	row, err := e.q.TombstoneGet(ctx, e.db, params)
-	return row, InterpretError(err)
-}

@@ -116,8 +116,3 @@ func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyG
 	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, (*dbstd.KeyGetByKeyOrScopeParams)(params))
 	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
 }
-
-func (e *stdExecutor) TombstoneGet(ctx context.Context, params *dbpgx.TombstoneGetParams) (*dbpgx.TombstoneGetRow, error) {
-	row, err := e.q.TombstoneGet(ctx, e.db, (*dbstd.TombstoneGetParams)(params))
-	return (*dbpgx.TombstoneGetRow)(row), InterpretError(err)
-}

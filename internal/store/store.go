@@ -45,7 +45,6 @@ type Executor interface {
 	KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error)
 	KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error)
 	KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error)
-	TombstoneGet(ctx context.Context, params *dbpgx.TombstoneGetParams) (*dbpgx.TombstoneGetRow, error)
 }
 
 // Driver is what a client of transaction type TTx needs from its database.
@@ -159,7 +158,7 @@ func InterpretError(err error) error {
 
 // tablePattern finds pgonce's table names in generated statements. They are
 // distinctive enough that a word match cannot hit anything else.
-var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|tombstone|resolution)\b`)
+var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|resolution)\b`)
 
 // customPlanQueries name the statements that take a batch as parallel
 // arrays. Under a prepared statement's generic plan PostgreSQL cannot see the
