@@ -99,7 +99,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	callCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardStop()
 
-	outcomes := make(chan outbox.Outcome, d.config.Concurrency)
+	outcomes := make(chan pendingOutcome, d.config.Concurrency)
 	recorded := make(chan struct{})
 	go func() {
 		defer close(recorded)
@@ -138,7 +138,12 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 						// decides once the lease expires.
 						return
 					}
-					outcomes <- out
+					// The slot is freed once the outcome is recorded, so that
+					// leases held without a recorded outcome never exceed
+					// Concurrency: a crash strands at most that many.
+					recorded := make(chan struct{})
+					outcomes <- pendingOutcome{outcome: out, recorded: recorded}
+					<-recorded
 				}()
 			}
 		}
@@ -220,31 +225,44 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 	return attempts, nil
 }
 
+// pendingOutcome is an outcome on its way to be recorded; recorded is
+// closed once the attempt to record it ended.
+type pendingOutcome struct {
+	outcome  outbox.Outcome
+	recorded chan struct{}
+}
+
 // record persists outcomes as they arrive, several in one statement when
 // several finished together.
-func (d *Dispatcher[TTx]) record(outcomes <-chan outbox.Outcome) {
+func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 	const maxBatch = 256
+	pending := make([]pendingOutcome, 0, maxBatch)
 	batch := make([]outbox.Outcome, 0, maxBatch)
 	for first := range outcomes {
-		batch = append(batch[:0], first)
+		pending = append(pending[:0], first)
 	drain:
-		for len(batch) < maxBatch {
+		for len(pending) < maxBatch {
 			select {
-			case o, ok := <-outcomes:
+			case next, ok := <-outcomes:
 				if !ok {
 					break drain
 				}
-				batch = append(batch, o)
+				pending = append(pending, next)
 			default:
 				break drain
 			}
+		}
+		batch = batch[:0]
+		for _, p := range pending {
+			batch = append(batch, p.outcome)
 		}
 		if _, err := d.client.Record(context.Background(), batch); err != nil {
 			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
 				"error", err, "outcomes", len(batch))
 		}
-		for _, o := range batch {
-			if o.Kind == outbox.OutcomeRetry {
+		for _, p := range pending {
+			close(p.recorded)
+			if o := p.outcome; o.Kind == outbox.OutcomeRetry {
 				d.logger.Debug("pgonce: attempt failed, will retry", "key", o.Key, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
 			}
 		}

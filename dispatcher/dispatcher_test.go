@@ -328,6 +328,45 @@ func TestDispatcher(t *testing.T) {
 		require.Equal(t, int64(1), calls.Load())
 	})
 
+	t.Run("LeasesNeverExceedConcurrency", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		var maxLeased atomic.Int64
+		counting := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
+			var leased int64
+			err := pgoncetest.Pool(t).QueryRow(ctx,
+				`SELECT count(*) FROM "`+bundle.schema+`".pgonce_outbox WHERE lease_until IS NOT NULL`).Scan(&leased)
+			if err != nil {
+				return nil, err
+			}
+			for {
+				seen := maxLeased.Load()
+				if leased <= seen || maxLeased.CompareAndSwap(seen, leased) {
+					break
+				}
+			}
+			return json.RawMessage(`{}`), nil
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", counting, outbox.IdempotentByKey))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+		var keys []outbox.Key
+		for i := range 60 {
+			keys = append(keys, submit(t, client, "refund", int64(i)))
+		}
+		config := fastConfig()
+		config.Concurrency, config.BatchSize = 4, 4
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		start(t, d)
+		for _, key := range keys {
+			awaitState(t, client, key, outbox.StateSucceeded)
+		}
+		require.Positive(t, maxLeased.Load())
+		require.LessOrEqual(t, maxLeased.Load(), int64(4))
+	})
+
 	t.Run("UnregisteredToolIsNotClaimed", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)
