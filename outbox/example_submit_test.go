@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -9,10 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -155,31 +152,19 @@ func exampleRefundProvider() outbox.Provider {
 // Examples have no *testing.T, hence no pgoncetest.Schema.
 func exampleDB() (db *sql.DB, pool *pgxpool.Pool, schema string, cleanup func()) {
 	ctx := context.Background()
-	config, err := pgxpool.ParseConfig(cmp.Or(os.Getenv(pgoncetest.DatabaseURLEnv), pgoncetest.DatabaseURLDefault))
+	// The test harness finds the database (PGONCE_TEST_DATABASE_URL, the
+	// local server, or a container) and closes it when the tests end.
+	pool, db, err := pgoncetest.Shared()
 	if err != nil {
 		panic(err)
 	}
-	// As in the harness: a statement that forgets its schema fails.
-	config.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err = pgxpool.NewWithConfig(ctx, config)
-	if err != nil {
-		panic(err)
-	}
-	db = stdlib.OpenDBFromPool(pool)
-	closeAll := func() {
-		_ = db.Close()
-		pool.Close()
-	}
-
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])
 	schema = "pgonce_example_" + hex.EncodeToString(suffix[:])
 	if err := migrations.Up(ctx, db, schema); err != nil {
-		closeAll()
 		panic(fmt.Sprintf("migrate example schema %s: %v", schema, err))
 	}
 	cleanup = func() {
-		defer closeAll()
 		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident.Quote(schema)+" CASCADE"); err != nil {
 			panic(fmt.Sprintf("drop example schema %s: %v", schema, err))
 		}

@@ -73,6 +73,14 @@ func DB(tb testing.TB) *sql.DB {
 	return shared.db
 }
 
+// Shared returns [Pool] and [DB] without a testing.TB, for examples: the
+// same database search, the same fallback to a container. [Main] closes
+// them when the test binary ends.
+func Shared() (*pgxpool.Pool, *sql.DB, error) {
+	setup()
+	return shared.pool, shared.db, shared.err
+}
+
 // Schema creates a schema unique to tb, migrates it, and drops it with all
 // its rows when tb ends.
 func Schema(tb testing.TB) string {
