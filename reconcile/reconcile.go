@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
@@ -18,7 +19,7 @@ import (
 // Defaults of [Config].
 const (
 	GraceDefault        = 30 * time.Second
-	BatchSizeDefault    = 500
+	BatchSizeDefault    = 32
 	StalePendingDefault = 10 * time.Minute
 )
 
@@ -34,8 +35,12 @@ type Config struct {
 	// still in transit could then act too. Defaults to [GraceDefault].
 	Grace time.Duration
 
-	// BatchSize is the most rows one statement takes. RunOnce repeats until
-	// no expired row is left. Defaults to [BatchSizeDefault].
+	// BatchSize is the most rows one statement takes. The rows of a batch
+	// are resolved at once, each lookup under the client's CallTimeout,
+	// which is shorter than the lease the batch is taken under: a batch
+	// never outlives its lease, however slow the lookups. It is therefore
+	// also the most lookups run at once. RunOnce repeats until no expired
+	// row is left. Defaults to [BatchSizeDefault].
 	BatchSize int
 
 	// StalePending is how long a pending row may stay due before it is
@@ -81,8 +86,8 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 	switch {
 	case config.Grace < 0:
 		return nil, fmt.Errorf("%w: Grace must not be negative", ErrInvalidConfig)
-	case config.BatchSize < 1 || config.BatchSize > 10_000:
-		return nil, fmt.Errorf("%w: BatchSize must be between 1 and 10000", ErrInvalidConfig)
+	case config.BatchSize < 1 || config.BatchSize > 1000:
+		return nil, fmt.Errorf("%w: BatchSize must be between 1 and 1000", ErrInvalidConfig)
 	case config.StalePending < 0:
 		return nil, fmt.Errorf("%w: StalePending must not be negative", ErrInvalidConfig)
 	}
@@ -187,14 +192,18 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		if len(rows) == 0 {
 			break
 		}
-		outcomes := make([]outbox.Outcome, 0, len(rows))
+		outcomes := make([]outbox.Outcome, len(rows))
+		labels := make([]Outcome, len(rows))
+		var resolving sync.WaitGroup
+		for i, row := range rows {
+			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row) })
+		}
+		resolving.Wait()
 		tools := make(map[outbox.Key]string, len(rows))
-		for _, row := range rows {
+		for i, row := range rows {
 			report.Examined[row.Tool]++
-			out, label := r.resolve(ctx, row)
-			outcomes = append(outcomes, out)
-			tools[out.Key] = row.Tool
-			report.count(row.Tool, label)
+			report.count(row.Tool, labels[i])
+			tools[outcomes[i].Key] = row.Tool
 		}
 		written, err := r.client.Record(ctx, outcomes)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -234,4 +235,53 @@ func TestRunOnce(t *testing.T) {
 			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state = 'needs_review'`).Scan(&needsReview))
 		require.Equal(t, rows, needsReview)
 	})
+}
+
+// barrierLookup answers only once all of its lookups are running together:
+// a reconciler that looked up one row after another would time out.
+type barrierLookup struct {
+	payments
+	want    int
+	mu      sync.Mutex
+	started int
+	all     chan struct{}
+}
+
+func (b *barrierLookup) Lookup(ctx context.Context, req outbox.Request) (json.RawMessage, bool, error) {
+	b.mu.Lock()
+	b.started++
+	if b.started == b.want {
+		close(b.all)
+	}
+	b.mu.Unlock()
+	select {
+	case <-b.all:
+		return nil, false, nil
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+}
+
+func TestRunOnceLooksUpABatchAtOnce(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	const rows = 8
+	lookup := &barrierLookup{payments: payments{effects: map[string]int{}}, want: rows, all: make(chan struct{})}
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("provision", lookup, outbox.LookupByNaturalID))
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{
+		Schema: bundle.schema, Registry: registry, CallTimeout: 5 * time.Second,
+	})
+	require.NoError(t, err)
+	bundle.client = client
+	for i := range rows {
+		crashed(t, bundle, "provision", int64(i), "1 hour")
+	}
+
+	r, err := reconcile.New(client, reconcile.Config{BatchSize: rows})
+	require.NoError(t, err)
+	report, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, rows, report.Resolved["provision"][reconcile.OutcomeRequeued])
+	require.Zero(t, report.Resolved["provision"][reconcile.OutcomeLookupFailed])
 }
