@@ -92,26 +92,16 @@ func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, 
 	return res, err
 }
 
-// Submit is [Client.SubmitTx] in a transaction of its own, committed before
-// Submit returns.
+// Submit is [Client.SubmitTx] on its own: the key claim and the outbox row
+// are written by one statement, which commits by itself before Submit
+// returns, so no explicit transaction (and no extra round trip) is needed.
 func (c *Client[TTx]) Submit(ctx context.Context, call Call) (Result, error) {
 	d, _, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err
 	}
-	tx, err := c.driver.Begin(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("begin: %w", err)
-	}
-	res, _, err := c.claim(ctx, c.driver.UnwrapExecutor(tx), d, call, false)
-	if err != nil {
-		_ = c.driver.Rollback(context.WithoutCancel(ctx), tx)
-		return Result{}, err
-	}
-	if err := c.driver.Commit(ctx, tx); err != nil {
-		return Result{}, fmt.Errorf("commit: %w", err)
-	}
-	return res, nil
+	res, _, err := c.claim(ctx, c.store.Executor(), d, call, false)
+	return res, err
 }
 
 // Get returns key's current result with one index probe. It returns

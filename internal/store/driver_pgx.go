@@ -11,7 +11,6 @@ import (
 
 // PgxDriver serves clients of pgx.Tx over a *pgxpool.Pool.
 type PgxDriver struct {
-	pool  *pgxpool.Pool
 	store *Store
 }
 
@@ -27,23 +26,7 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &PgxDriver{pool: pool, store: store}, nil
-}
-
-// Begin starts a transaction on the pool.
-func (d *PgxDriver) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := d.pool.Begin(ctx)
-	return tx, InterpretError(err)
-}
-
-// Commit commits tx.
-func (d *PgxDriver) Commit(ctx context.Context, tx pgx.Tx) error {
-	return InterpretError(tx.Commit(ctx))
-}
-
-// Rollback rolls tx back.
-func (d *PgxDriver) Rollback(ctx context.Context, tx pgx.Tx) error {
-	return InterpretError(tx.Rollback(ctx))
+	return &PgxDriver{store: store}, nil
 }
 
 // UnwrapExecutor returns an executor that runs in tx.

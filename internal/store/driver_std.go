@@ -20,7 +20,6 @@ var ErrNotPgxStdlib = errors.New("database/sql handle must use the pgx stdlib dr
 // StdDriver serves clients of *sql.Tx over a *sql.DB opened with the pgx
 // stdlib driver.
 type StdDriver struct {
-	db    *sql.DB
 	store *Store
 }
 
@@ -49,21 +48,7 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &StdDriver{db: db, store: store}, nil
-}
-
-// Begin starts a transaction on the database.
-func (d *StdDriver) Begin(ctx context.Context) (*sql.Tx, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
-	return tx, InterpretError(err)
-}
-
-// Commit commits tx.
-func (d *StdDriver) Commit(_ context.Context, tx *sql.Tx) error { return InterpretError(tx.Commit()) }
-
-// Rollback rolls tx back.
-func (d *StdDriver) Rollback(_ context.Context, tx *sql.Tx) error {
-	return InterpretError(tx.Rollback())
+	return &StdDriver{store: store}, nil
 }
 
 // UnwrapExecutor returns an executor that runs in tx.

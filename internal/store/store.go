@@ -49,10 +49,6 @@ type Executor interface {
 
 // Driver is what a client of transaction type TTx needs from its database.
 type Driver[TTx any] interface {
-	// Begin starts a transaction of pgonce's own.
-	Begin(ctx context.Context) (TTx, error)
-	Commit(ctx context.Context, tx TTx) error
-	Rollback(ctx context.Context, tx TTx) error
 	// UnwrapExecutor returns an executor that runs in tx.
 	UnwrapExecutor(tx TTx) Executor
 	// Store returns the transaction-free operations.
