@@ -69,7 +69,7 @@ type Config struct {
 	// ShutdownTimeout is how long Run lets calls in flight finish once its
 	// context is done. Calls still running then are cancelled and their rows
 	// stay in flight until their lease expires and the reconciler resolves
-	// them. Defaults to [ShutdownTimeoutDefault].
+	// them. -1 cancels them at once. Defaults to [ShutdownTimeoutDefault].
 	ShutdownTimeout time.Duration
 
 	// UnservedAfter is how long a pending row of a tool that this process
@@ -114,8 +114,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: MaxAttempts must be at least 1", ErrInvalidConfig)
 	case c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin:
 		return fmt.Errorf("%w: BackoffMin must not be negative nor above BackoffMax", ErrInvalidConfig)
-	case c.ShutdownTimeout < 0:
-		return fmt.Errorf("%w: ShutdownTimeout must not be negative", ErrInvalidConfig)
+	case c.ShutdownTimeout < -1:
+		return fmt.Errorf("%w: ShutdownTimeout must not be negative, or -1 to cancel calls at once", ErrInvalidConfig)
 	case c.UnservedAfter < -1:
 		return fmt.Errorf("%w: UnservedAfter must be positive, or -1 to disable", ErrInvalidConfig)
 	}

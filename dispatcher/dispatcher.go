@@ -176,7 +176,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	}()
 	select {
 	case <-finished:
-	case <-time.After(d.config.ShutdownTimeout):
+	case <-time.After(max(d.config.ShutdownTimeout, 0)):
 		d.logger.Warn("pgonce: shutdown timeout; calls still running stay in flight for the reconciler",
 			"running", len(slots))
 		hardStop()

@@ -430,7 +430,7 @@ func TestDispatcher(t *testing.T) {
 		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
 		require.NoError(t, err)
 		config := fastConfig()
-		config.ShutdownTimeout = 10 * time.Millisecond
+		config.ShutdownTimeout = -1
 		d, err := dispatcher.New(client, config)
 		require.NoError(t, err)
 		stop := start(t, d)

@@ -293,11 +293,11 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	}
 
 	// A dispatcher takes the row; the provider's first call starts. Its
-	// tiny shutdown timeout is the crash of step 3: stopped, it cuts the
-	// call off before anything is recorded (its documented behaviour), so
-	// the row stays in flight under its lease.
+	// shutdown cancels calls at once, which is the crash of step 3: stopped,
+	// it cuts the call off before anything is recorded (its documented
+	// behaviour), so the row stays in flight under its lease.
 	crashing := dispatcherConfig
-	crashing.ShutdownTimeout = time.Millisecond
+	crashing.ShutdownTimeout = -1
 	d1, err := dispatcher.New(client, crashing)
 	if err != nil {
 		return err
