@@ -8,6 +8,11 @@ import (
 	"time"
 )
 
+type PgonceExpiry struct {
+	ExpiresAt time.Time
+	Key       string
+}
+
 type PgonceKey struct {
 	Key         string
 	Scope       string
