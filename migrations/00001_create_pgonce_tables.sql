@@ -39,7 +39,7 @@ CREATE TABLE pgonce_key (
     completed_at timestamptz,
     -- expires_at is when retention may turn a finished key into a tombstone,
     -- and, for a tombstone, when it may be deleted. Open and needs-review keys
-    -- have none. pgonce_expiry schedules it.
+    -- have none.
     expires_at timestamptz,
     -- forget_at is when the tombstone of a finished key may be deleted, fixed
     -- when the key finishes.
@@ -49,24 +49,10 @@ CREATE TABLE pgonce_key (
     CONSTRAINT pgonce_key_response_check CHECK ((state = 'succeeded') = (response IS NOT NULL)),
     CONSTRAINT pgonce_key_failure_check CHECK ((state = 'failed') = (failure IS NOT NULL)),
     CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed', 'expired')) = (completed_at IS NOT NULL))
-)
--- Only the key and the scope are indexed, and neither changes after the
--- insert, so recording an outcome is a HOT update when the row still fits
--- its page: room is left on every page for the response.
-WITH (fillfactor = 75);
-
--- pgonce_expiry schedules retention: an index on pgonce_key.expires_at kept by
--- hand. A PostgreSQL index there would make every outcome's update of
--- pgonce_key change an indexed column, and so never a HOT update (measured:
--- a fifth of the dispatch throughput). Each finished key has one row, written
--- in the statement that finishes it, moved to the tombstone's horizon when
--- the key expires, and deleted with the tombstone.
-CREATE TABLE pgonce_expiry (
-    expires_at timestamptz NOT NULL,
-    key text NOT NULL
 );
 
-CREATE INDEX pgonce_expiry_expires_at_key_idx ON pgonce_expiry (expires_at, key);
+CREATE INDEX pgonce_key_expires_at_idx ON pgonce_key (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX pgonce_key_needs_review_idx ON pgonce_key (updated_at) WHERE state = 'needs_review';
 
 -- pgonce_outbox is the dispatch queue: one row per open key. A row with no
 -- lease is pending; a row with a lease is in flight. The row is written in
@@ -99,6 +85,5 @@ CREATE INDEX pgonce_outbox_due_idx ON pgonce_outbox (available_at) WHERE lease_u
 CREATE INDEX pgonce_outbox_lease_idx ON pgonce_outbox (lease_until) WHERE lease_until IS NOT NULL;
 
 -- +goose Down
-DROP TABLE pgonce_expiry;
 DROP TABLE pgonce_outbox;
 DROP TABLE pgonce_key;

@@ -56,27 +56,46 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 	var result PruneResult
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		if opts.DryRun {
-			due, err := q.ExpiryCountDue(ctx, db, &dbpgx.ExpiryCountDueParams{Now: c.nowParam()})
+			keys, err := q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: c.nowParam()})
 			if err != nil {
-				return fmt.Errorf("count keys due for retention: %w", err)
+				return fmt.Errorf("count expired keys: %w", err)
 			}
-			result = PruneResult{Keys: due.Expirable, Tombstones: due.Forgettable}
+			tombstones, err := q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: c.nowParam()})
+			if err != nil {
+				return fmt.Errorf("count expired tombstones: %w", err)
+			}
+			result = PruneResult{Keys: keys, Tombstones: tombstones}
 			return nil
 		}
 		for {
-			run, err := q.ExpiryRun(ctx, db, &dbpgx.ExpiryRunParams{
+			expired, err := q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
 				Now:     c.nowParam(),
 				MaxRows: int32(batch), //nolint:gosec // a batch size
 			})
 			if err != nil {
-				return fmt.Errorf("prune: %w", err)
+				return fmt.Errorf("prune keys: %w", err)
 			}
-			result.Keys += run.Expired
-			result.Tombstones += run.Forgotten
-			if opts.ProgressFunc != nil && run.Due > 0 {
+			result.Keys += expired
+			if opts.ProgressFunc != nil && expired > 0 {
 				opts.ProgressFunc(result)
 			}
-			if run.Due < int64(batch) {
+			if expired < int64(batch) {
+				break
+			}
+		}
+		for {
+			pruned, err := q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
+				Now:     c.nowParam(),
+				MaxRows: int32(batch), //nolint:gosec // a batch size
+			})
+			if err != nil {
+				return fmt.Errorf("prune tombstones: %w", err)
+			}
+			result.Tombstones += pruned
+			if opts.ProgressFunc != nil && pruned > 0 {
+				opts.ProgressFunc(result)
+			}
+			if pruned < int64(batch) {
 				break
 			}
 		}

@@ -141,6 +141,75 @@ FROM pgonce_key
 LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = @key::text;
 
+-- name: KeyExpire :one
+-- KeyExpire turns up to max_rows finished keys past their retention into
+-- tombstones, in place: the response, failure and arguments go; the key,
+-- scope, identity and completion time stay, and so do the unique index
+-- entries, so that a concurrent or late duplicate conflicts with the
+-- tombstone and never runs. The tombstone lasts until the forget_at fixed
+-- when the key finished. Only succeeded and failed keys have an expiry;
+-- pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
+-- pruning run beside anything else without waiting, and small batches keep
+-- locks short.
+WITH due AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_key.state IN ('succeeded', 'failed')
+    ORDER BY pgonce_key.expires_at
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
+expired AS (
+    UPDATE pgonce_key
+    SET
+        state = 'expired',
+        response = NULL,
+        failure = NULL,
+        args = ''::bytea,
+        last_error = NULL,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        expires_at = greatest(pgonce_key.forget_at, coalesce(sqlc.narg('now')::timestamptz, now()))
+    FROM due
+    WHERE pgonce_key.key = due.key
+    RETURNING pgonce_key.key
+)
+SELECT count(*)::bigint AS expired
+FROM expired;
+
+-- name: KeyForget :one
+-- KeyForget deletes up to max_rows tombstones past their horizon; only then
+-- can the same action run again.
+WITH due AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_key.state = 'expired'
+    ORDER BY pgonce_key.expires_at
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM pgonce_key
+    USING due
+    WHERE pgonce_key.key = due.key
+    RETURNING pgonce_key.key
+)
+SELECT count(*)::bigint AS forgotten
+FROM deleted;
+
+-- name: KeyCountExpirable :one
+SELECT count(*)::bigint AS expirable
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+    AND pgonce_key.state IN ('succeeded', 'failed');
+
+-- name: KeyCountForgettable :one
+SELECT count(*)::bigint AS forgettable
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+    AND pgonce_key.state = 'expired';
+
 -- name: KeyCountByToolAndState :many
 -- KeyCountByToolAndState counts keys per tool and state, for operators. It
 -- reads the whole key table.

@@ -150,20 +150,6 @@ updated AS (
     WHERE pgonce_key.key = outcome.key
     RETURNING pgonce_key.key
 ),
--- A data-modifying WITH runs whether or not it is referenced.
-scheduled AS (
-    INSERT INTO pgonce_expiry (
-        expires_at,
-        key
-    )
-    SELECT
-        coalesce(sqlc.narg('now')::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond',
-        outcome.key
-    FROM outcome
-    JOIN retired ON retired.key = outcome.key
-    WHERE outcome.state IN ('succeeded', 'failed')
-    RETURNING pgonce_expiry.key
-),
 -- One notification carries up to 100 comma-separated keys, well within the
 -- 8000-byte payload limit: a notification per key would make a batch pay
 -- for each.

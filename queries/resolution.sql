@@ -57,18 +57,6 @@ queued AS (
     WHERE @action::text = 'retry'
     RETURNING pgonce_outbox.key
 ),
-scheduled AS (
-    INSERT INTO pgonce_expiry (
-        expires_at,
-        key
-    )
-    SELECT
-        coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond',
-        updated.key
-    FROM updated
-    WHERE @action::text <> 'retry'
-    RETURNING pgonce_expiry.key
-),
 recorded AS (
     INSERT INTO pgonce_resolution (
         key,

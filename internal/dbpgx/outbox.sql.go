@@ -326,19 +326,6 @@ updated AS (
     WHERE pgonce_key.key = outcome.key
     RETURNING pgonce_key.key
 ),
-scheduled AS (
-    INSERT INTO pgonce_expiry (
-        expires_at,
-        key
-    )
-    SELECT
-        coalesce($8::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond',
-        outcome.key
-    FROM outcome
-    JOIN retired ON retired.key = outcome.key
-    WHERE outcome.state IN ('succeeded', 'failed')
-    RETURNING pgonce_expiry.key
-),
 notified AS (
     SELECT pg_notify($10::text, string_agg(numbered.key, ','))
     FROM (
@@ -382,7 +369,6 @@ type OutboxFinishRow struct {
 // needs_review keeps the key without one. internal/store runs it with a
 // custom plan: a generic plan cannot see the array sizes and joins outcome
 // and retired in quadratic time.
-// A data-modifying WITH runs whether or not it is referenced.
 // One notification carries up to 100 comma-separated keys, well within the
 // 8000-byte payload limit: a notification per key would make a batch pay
 // for each.

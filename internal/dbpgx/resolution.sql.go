@@ -65,18 +65,6 @@ queued AS (
     WHERE $2::text = 'retry'
     RETURNING pgonce_outbox.key
 ),
-scheduled AS (
-    INSERT INTO pgonce_expiry (
-        expires_at,
-        key
-    )
-    SELECT
-        coalesce($5::timestamptz, now()) + $6::bigint * interval '1 millisecond',
-        updated.key
-    FROM updated
-    WHERE $2::text <> 'retry'
-    RETURNING pgonce_expiry.key
-),
 recorded AS (
     INSERT INTO pgonce_resolution (
         key,

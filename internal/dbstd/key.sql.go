@@ -56,6 +56,125 @@ func (q *Queries) KeyCountByToolAndState(ctx context.Context, db DBTX) ([]*KeyCo
 	return items, nil
 }
 
+const keyCountExpirable = `-- name: KeyCountExpirable :one
+SELECT count(*)::bigint AS expirable
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+    AND pgonce_key.state IN ('succeeded', 'failed')
+`
+
+type KeyCountExpirableParams struct {
+	Now *time.Time
+}
+
+func (q *Queries) KeyCountExpirable(ctx context.Context, db DBTX, arg *KeyCountExpirableParams) (int64, error) {
+	row := db.QueryRowContext(ctx, keyCountExpirable, arg.Now)
+	var expirable int64
+	err := row.Scan(&expirable)
+	return expirable, err
+}
+
+const keyCountForgettable = `-- name: KeyCountForgettable :one
+SELECT count(*)::bigint AS forgettable
+FROM pgonce_key
+WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+    AND pgonce_key.state = 'expired'
+`
+
+type KeyCountForgettableParams struct {
+	Now *time.Time
+}
+
+func (q *Queries) KeyCountForgettable(ctx context.Context, db DBTX, arg *KeyCountForgettableParams) (int64, error) {
+	row := db.QueryRowContext(ctx, keyCountForgettable, arg.Now)
+	var forgettable int64
+	err := row.Scan(&forgettable)
+	return forgettable, err
+}
+
+const keyExpire = `-- name: KeyExpire :one
+WITH due AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+        AND pgonce_key.state IN ('succeeded', 'failed')
+    ORDER BY pgonce_key.expires_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+expired AS (
+    UPDATE pgonce_key
+    SET
+        state = 'expired',
+        response = NULL,
+        failure = NULL,
+        args = ''::bytea,
+        last_error = NULL,
+        updated_at = coalesce($1::timestamptz, now()),
+        expires_at = greatest(pgonce_key.forget_at, coalesce($1::timestamptz, now()))
+    FROM due
+    WHERE pgonce_key.key = due.key
+    RETURNING pgonce_key.key
+)
+SELECT count(*)::bigint AS expired
+FROM expired
+`
+
+type KeyExpireParams struct {
+	Now     *time.Time
+	MaxRows int32
+}
+
+// KeyExpire turns up to max_rows finished keys past their retention into
+// tombstones, in place: the response, failure and arguments go; the key,
+// scope, identity and completion time stay, and so do the unique index
+// entries, so that a concurrent or late duplicate conflicts with the
+// tombstone and never runs. The tombstone lasts until the forget_at fixed
+// when the key finished. Only succeeded and failed keys have an expiry;
+// pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
+// pruning run beside anything else without waiting, and small batches keep
+// locks short.
+func (q *Queries) KeyExpire(ctx context.Context, db DBTX, arg *KeyExpireParams) (int64, error) {
+	row := db.QueryRowContext(ctx, keyExpire, arg.Now, arg.MaxRows)
+	var expired int64
+	err := row.Scan(&expired)
+	return expired, err
+}
+
+const keyForget = `-- name: KeyForget :one
+WITH due AS (
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+        AND pgonce_key.state = 'expired'
+    ORDER BY pgonce_key.expires_at
+    LIMIT $2::integer
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM pgonce_key
+    USING due
+    WHERE pgonce_key.key = due.key
+    RETURNING pgonce_key.key
+)
+SELECT count(*)::bigint AS forgotten
+FROM deleted
+`
+
+type KeyForgetParams struct {
+	Now     *time.Time
+	MaxRows int32
+}
+
+// KeyForget deletes up to max_rows tombstones past their horizon; only then
+// can the same action run again.
+func (q *Queries) KeyForget(ctx context.Context, db DBTX, arg *KeyForgetParams) (int64, error) {
+	row := db.QueryRowContext(ctx, keyForget, arg.Now, arg.MaxRows)
+	var forgotten int64
+	err := row.Scan(&forgotten)
+	return forgotten, err
+}
+
 const keyGet = `-- name: KeyGet :one
 SELECT
     pgonce_key.key,

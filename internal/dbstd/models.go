@@ -8,11 +8,6 @@ import (
 	"time"
 )
 
-type PgonceExpiry struct {
-	ExpiresAt time.Time
-	Key       string
-}
-
 type PgonceKey struct {
 	Key         string
 	Scope       string
