@@ -43,6 +43,19 @@ const (
 	OutcomeRetry
 )
 
+// dbState is the stored key state a final outcome leaves.
+func (k OutcomeKind) dbState() string {
+	switch k {
+	case OutcomeSucceeded:
+		return dbStateSucceeded
+	case OutcomeFailed:
+		return dbStateFailed
+	case OutcomeNeedsReview:
+		return dbStateNeedsReview
+	}
+	panic(fmt.Sprintf("outcome kind %d has no final state", int(k)))
+}
+
 // Outcome is how an attempt ended, ready to be recorded.
 //
 // API is not stable. DO NOT USE.
@@ -212,14 +225,9 @@ func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]b
 			release.LastError = append(release.LastError, errorText(o.Err))
 			continue
 		}
-		state := map[OutcomeKind]string{
-			OutcomeSucceeded:   dbStateSucceeded,
-			OutcomeFailed:      dbStateFailed,
-			OutcomeNeedsReview: dbStateNeedsReview,
-		}[o.Kind]
 		finish.Key = append(finish.Key, string(o.Key))
 		finish.Attempt = append(finish.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-		finish.State = append(finish.State, state)
+		finish.State = append(finish.State, o.Kind.dbState())
 		finish.Response = append(finish.Response, o.Response)
 		finish.Failure = append(finish.Failure, o.Failure)
 		finish.RetentionMs = append(finish.RetentionMs, o.Retention.Milliseconds())
