@@ -134,11 +134,14 @@ func (e *env) reconcile(ctx context.Context, p reconcileParams) error {
 		return usageErrorf("%v", err)
 	}
 	p.config.Logger = e.logger()
+	progress := newProgress(e.stderr)
+	p.config.ProgressFunc = func(so reconcile.Report) {
+		progress.printf("reconciling schema %s: %d rows resolved so far", c.schema, sum(so.Examined))
+	}
 	r, err := reconcile.New(client, p.config)
 	if err != nil {
 		return usageErrorf("%v", err)
 	}
-	progress := newProgress(e.stderr)
 	progress.printf("reconciling schema %s …", c.schema)
 	report, err := r.RunOnce(ctx)
 	progress.done()
