@@ -2,8 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -44,15 +43,13 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
 	return &Dispatcher[TTx]{
 		client:   client,
 		store:    client.Store(),
 		registry: clientConfig.Registry,
 		config:   config,
 		logger:   config.Logger,
-		workerID: clientConfig.WorkerID + ":" + hex.EncodeToString(suffix[:]),
+		workerID: ident.WorkerID(clientConfig.WorkerID),
 	}, nil
 }
 
@@ -288,26 +285,15 @@ func (d *Dispatcher[TTx]) backoff(attempt int) time.Duration {
 }
 
 // listen wakes the claim loop on every notification of new work, and
-// reconnects with a backoff when its connection drops.
+// reconnects when its connection drops.
 func (d *Dispatcher[TTx]) listen(ctx context.Context, wake func()) {
-	retry := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := d.store.Listen(ctx, []string{d.store.WorkChannel}, func() {
-			retry = 100 * time.Millisecond
-			wake() // catch up on what arrived while not listening
-		}, func(*pgconn.Notification) { wake() })
-		if ctx.Err() != nil {
-			return
-		}
-		d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
-			"error", err, "retry_in", retry)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-		retry = min(2*retry, 5*time.Second)
-	}
+	d.store.ListenLoop(ctx, []string{d.store.WorkChannel},
+		wake, // catch up on what arrived while not listening
+		func(*pgconn.Notification) { wake() },
+		func(err error, retryIn time.Duration) {
+			d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
+				"error", err, "retry_in", retryIn)
+		})
 }
 
 func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {

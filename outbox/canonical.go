@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"bytes"
+	"cmp"
 	"encoding"
 	"encoding/json"
 	"fmt"
@@ -457,7 +458,7 @@ func checkGoValue(rv reflect.Value, depth, level int) error {
 			name, _, _ := cutComma(tag)
 			segment := ""
 			if name != "" || !field.Anonymous {
-				segment = nameSegment(cmpOr(name, field.Name))
+				segment = nameSegment(cmp.Or(name, field.Name))
 			} else {
 				depth-- // promoted fields live at the same level
 			}
@@ -508,13 +509,6 @@ func cutComma(s string) (before, after string, found bool) {
 		return s[:i], s[i+1:], true
 	}
 	return s, "", false
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func quoteShort(s string) string {

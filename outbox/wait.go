@@ -120,26 +120,13 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 }
 
 func (w *waiters) listen(ctx context.Context, s *store.Store, config Config) {
-	retry := waitPollMin
-	for ctx.Err() == nil {
-		err := s.Listen(ctx, []string{s.DoneChannel}, func() {
-			retry = waitPollMin
-			w.wakeAll() // re-check whatever finished while not listening
-		}, func(n *pgconn.Notification) {
-			w.wake(n.Payload)
+	s.ListenLoop(ctx, []string{s.DoneChannel},
+		w.wakeAll, // re-check whatever finished while not listening
+		func(n *pgconn.Notification) { w.wake(n.Payload) },
+		func(err error, retryIn time.Duration) {
+			config.Logger.DebugContext(ctx, "pgonce: wait listener lost its connection; polling until it reconnects",
+				"error", err, "retry_in", retryIn)
 		})
-		if ctx.Err() != nil {
-			return
-		}
-		config.Logger.DebugContext(ctx, "pgonce: wait listener lost its connection; polling until it reconnects",
-			"error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-		retry = min(2*retry, waitPollMax)
-	}
 }
 
 // wake wakes the waits of the keys in payload, a comma-separated list.

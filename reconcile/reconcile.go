@@ -3,8 +3,6 @@ package reconcile
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -91,15 +90,13 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 	case config.StalePending < 0:
 		return nil, fmt.Errorf("%w: StalePending must not be negative", ErrInvalidConfig)
 	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
 	return &Reconciler[TTx]{
 		client:   client,
 		store:    client.Store(),
 		registry: clientConfig.Registry,
 		config:   config,
 		logger:   config.Logger,
-		workerID: "reconcile:" + clientConfig.WorkerID + ":" + hex.EncodeToString(suffix[:]),
+		workerID: ident.WorkerID("reconcile:" + clientConfig.WorkerID),
 	}, nil
 }
 

@@ -3,6 +3,8 @@
 package ident
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -50,3 +52,11 @@ func WorkChannel(schema string) string { return schema + "_pgonce_work" }
 // DoneChannel is the channel notified, with the key as payload, when a key
 // reaches a final state.
 func DoneChannel(schema string) string { return schema + "_pgonce_done" }
+
+// WorkerID returns base with a random suffix, so that several workers of one
+// process write distinct ids into the leases they hold.
+func WorkerID(base string) string {
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	return base + ":" + hex.EncodeToString(suffix[:])
+}

@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -131,6 +132,38 @@ func (s *Store) Listen(ctx context.Context, channels []string, ready func(), han
 			handle(notification)
 		}
 	})
+}
+
+// Reconnect bounds of [Store.ListenLoop].
+const (
+	listenRetryMin = 100 * time.Millisecond
+	listenRetryMax = 5 * time.Second
+)
+
+// ListenLoop runs [Store.Listen] until ctx is done, reconnecting after a
+// lost connection with a backoff from 100ms to 5s. ready is called after
+// every (re)connection, so the caller can catch up on what arrived while it
+// was not listening; lost, if not nil, is told of each lost connection.
+func (s *Store) ListenLoop(ctx context.Context, channels []string, ready func(), handle func(*pgconn.Notification), lost func(err error, retryIn time.Duration)) {
+	retry := listenRetryMin
+	for ctx.Err() == nil {
+		err := s.Listen(ctx, channels, func() {
+			retry = listenRetryMin
+			ready()
+		}, handle)
+		if ctx.Err() != nil {
+			return
+		}
+		if lost != nil {
+			lost(err, retry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, listenRetryMax)
+	}
 }
 
 // InterpretError translates driver errors into the store's own. Errors the
