@@ -85,32 +85,21 @@ func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, cal
 	}
 	tool := a.Tool
 	out := Outcome{Key: a.Request.Key, Attempt: a.Request.Attempt, Retention: cmp.Or(tool.Opts.Retention, c.config.Retention)}
-	lookuper, canLookup := tool.Provider.(Lookuper)
-	if p != nil {
-		lookuper, canLookup = p.(Lookuper)
-	} else {
+	if p == nil {
 		p = tool.Provider
 	}
 
 	if a.Ambiguous {
-		pastKeyWindow := tool.Delivery == IdempotentByKey && tool.Opts.KeyRetention > 0 &&
-			!a.FirstAttemptedAt.IsZero() && c.now().Sub(a.FirstAttemptedAt) > tool.Opts.KeyRetention
-		switch {
-		case tool.Delivery == AtMostOnce:
+		switch how, resp, err := c.Settle(ctx, a, p, callTimeout); how {
+		case SettleReview:
 			return out.needsReview()
-		case tool.Delivery == LookupByNaturalID || (pastKeyWindow && canLookup):
-			// Read before write: the earlier attempt may have acted.
-			resp, found, err := c.lookup(ctx, lookuper, a.Request, callTimeout)
-			if err != nil {
-				return out.retry(a, backoff, true, fmt.Errorf("lookup: %w", err))
-			}
-			if found {
-				return out.succeeded(resp)
-			}
+		case SettleFound:
+			return out.succeeded(resp)
+		case SettleLookupFailed:
+			return out.retry(a, backoff, true, err)
+		case SettleNotFound:
 			a.Ambiguous = false
-		case pastKeyWindow:
-			// The provider has forgotten the key: a retry could act twice.
-			return out.needsReview()
+		case SettleByKey:
 		}
 	}
 
@@ -130,6 +119,71 @@ func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, cal
 	default:
 		return out.retry(a, backoff, a.Ambiguous, err)
 	}
+}
+
+// Settlement is how an attempt after one whose outcome is unknown can
+// proceed, by the tool's [Delivery].
+//
+// API is not stable. DO NOT USE.
+type Settlement int
+
+// Settlements.
+const (
+	// SettleByKey: the provider deduplicates on the key within its key
+	// retention, so calling again with the same key is safe.
+	SettleByKey Settlement = iota
+	// SettleNotFound: a lookup found no effect; calling again is safe.
+	SettleNotFound
+	// SettleFound: a lookup found the effect, whose response comes along.
+	SettleFound
+	// SettleReview: nobody can tell; the key needs review.
+	SettleReview
+	// SettleLookupFailed: the lookup failed; the outcome is still unknown.
+	SettleLookupFailed
+)
+
+// Settle decides, without calling the provider, how attempt a may proceed
+// after an attempt whose outcome is unknown: [AtMostOnce] tools go to review;
+// [LookupByNaturalID] tools, and [IdempotentByKey] ones past their provider's
+// key retention that can look up, read before they write; the latter without
+// a lookup go to review; the rest retry by key. p, when not nil, replaces the
+// tool's provider; a lookup runs under callTimeout (0: [Config.CallTimeout])
+// and a panic in it becomes an error. It is shared by [Client.RunAttempt]
+// and the reconciler.
+//
+// API is not stable. DO NOT USE.
+func (c *Client[TTx]) Settle(ctx context.Context, a Attempt, p Provider, callTimeout time.Duration) (Settlement, json.RawMessage, error) {
+	tool := a.Tool
+	if p == nil {
+		p = tool.Provider
+	}
+	if callTimeout <= 0 {
+		callTimeout = c.config.CallTimeout
+	}
+	lookuper, canLookup := p.(Lookuper)
+	pastKeyWindow := tool.Delivery == IdempotentByKey && tool.Opts.KeyRetention > 0 &&
+		!a.FirstAttemptedAt.IsZero() && c.now().Sub(a.FirstAttemptedAt) > tool.Opts.KeyRetention
+	switch {
+	case tool.Delivery == AtMostOnce:
+		return SettleReview, nil, nil
+	case tool.Delivery == LookupByNaturalID || (pastKeyWindow && canLookup):
+		// Read before write: the earlier attempt may have acted.
+		resp, found, err := c.lookup(ctx, lookuper, a.Request, callTimeout)
+		switch {
+		case err != nil:
+			return SettleLookupFailed, nil, fmt.Errorf("lookup: %w", err)
+		case found:
+			if resp == nil {
+				resp = json.RawMessage{}
+			}
+			return SettleFound, resp, nil
+		}
+		return SettleNotFound, nil, nil
+	case pastKeyWindow:
+		// The provider has forgotten the key: a retry could act twice.
+		return SettleReview, nil, nil
+	}
+	return SettleByKey, nil, nil
 }
 
 func (o Outcome) succeeded(resp json.RawMessage) Outcome {

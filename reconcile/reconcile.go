@@ -264,39 +264,32 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 		Kind:      outbox.OutcomeRetry,
 		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
 	}
-	lookuper, canLookup := tool.Provider.(outbox.Lookuper)
-	pastKeyWindow := tool.Opts.KeyRetention > 0 && r.client.Now().Sub(row.FirstAttemptedAt) > tool.Opts.KeyRetention
-	switch {
-	case tool.Delivery == outbox.AtMostOnce,
-		tool.Delivery == outbox.IdempotentByKey && pastKeyWindow && !canLookup:
+	attempt := outbox.Attempt{
+		Tool: tool,
+		Request: outbox.Request{
+			Key:       outbox.Key(row.Key),
+			NaturalID: row.NaturalID,
+			Tool:      row.Tool,
+			Args:      row.Args,
+			Attempt:   int(row.Attempt),
+		},
+		Ambiguous:        true,
+		FirstAttemptedAt: row.FirstAttemptedAt,
+	}
+	switch how, resp, err := r.client.Settle(ctx, attempt, nil, 0); how {
+	case outbox.SettleReview:
 		out.Kind = outbox.OutcomeNeedsReview
 		return out, OutcomeNeedsReview
-	case tool.Delivery == outbox.IdempotentByKey && !pastKeyWindow:
-		return out, OutcomeRequeued
-	}
-	// Read before write.
-	req := outbox.Request{
-		Key:       outbox.Key(row.Key),
-		NaturalID: row.NaturalID,
-		Tool:      row.Tool,
-		Args:      row.Args,
-		Attempt:   int(row.Attempt),
-	}
-	lookupCtx, cancel := context.WithTimeout(ctx, r.client.Config().CallTimeout)
-	defer cancel()
-	resp, found, err := lookuper.Lookup(lookupCtx, req)
-	switch {
-	case err != nil:
-		out.Err = fmt.Errorf("lookup: %w", err)
-		return out, OutcomeLookupFailed
-	case found:
-		if resp == nil {
-			resp = []byte{}
-		}
+	case outbox.SettleFound:
 		out.Kind, out.Response, out.Ambiguous = outbox.OutcomeSucceeded, resp, false
 		return out, OutcomeFound
-	default:
+	case outbox.SettleLookupFailed:
+		out.Err = err
+		return out, OutcomeLookupFailed
+	case outbox.SettleNotFound:
 		out.Ambiguous = false
+		return out, OutcomeRequeued
+	default: // outbox.SettleByKey
 		return out, OutcomeRequeued
 	}
 }

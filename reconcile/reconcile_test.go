@@ -285,3 +285,34 @@ func TestRunOnceLooksUpABatchAtOnce(t *testing.T) {
 	require.Equal(t, rows, report.Resolved["provision"][reconcile.OutcomeRequeued])
 	require.Zero(t, report.Resolved["provision"][reconcile.OutcomeLookupFailed])
 }
+
+type panickingLookup struct{ payments }
+
+func (*panickingLookup) Lookup(context.Context, outbox.Request) (json.RawMessage, bool, error) {
+	panic("lookup bug")
+}
+
+func TestRunOnceSurvivesPanickingLookup(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("provision", &panickingLookup{payments{effects: map[string]int{}}}, outbox.LookupByNaturalID))
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+	require.NoError(t, err)
+	bundle.client = client
+	key := crashed(t, bundle, "provision", 1, "1 hour")
+
+	r, err := reconcile.New(client, reconcile.Config{})
+	require.NoError(t, err)
+	report, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, report.Resolved["provision"][reconcile.OutcomeLookupFailed])
+
+	// Still unknown: pending again, and its next attempt looks up first.
+	inspection, err := client.Inspect(t.Context(), key)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, inspection.State)
+	require.NotNil(t, inspection.Queue)
+	require.True(t, inspection.Queue.Ambiguous)
+	require.Contains(t, inspection.Queue.LastError, "lookup bug")
+}
