@@ -17,7 +17,7 @@ import (
 	"github.com/pgonce/pgonce/outbox"
 )
 
-// Dispatcher claims due outbox rows and runs their providers. Any number of
+// Dispatcher claims due pending keys and runs their providers. Any number of
 // dispatchers, in any number of processes, may share one schema: claims use
 // FOR UPDATE SKIP LOCKED, so no row is claimed twice, and every claim is
 // committed before its provider is called.

@@ -114,8 +114,7 @@ func benchFill(b *testing.B, schema, prefix string, rows int) []string {
 	b.Helper()
 	ctx := context.Background()
 	quoted := ident.Quote(schema)
-	dbRows, err := pgoncetest.Pool(b).Query(ctx, `WITH inserted AS (
-		INSERT INTO `+quoted+`.pgonce_key (
+	dbRows, err := pgoncetest.Pool(b).Query(ctx, `INSERT INTO `+quoted+`.pgonce_key (
 			key,
 			scope,
 			tenant,
@@ -139,14 +138,7 @@ func benchFill(b *testing.B, schema, prefix string, rows int) []string {
 			encode(sha256(convert_to('fingerprint/' || $2::text, 'UTF8')), 'hex'),
 			'{}'::bytea
 		FROM generate_series(1, $3::bigint) AS i
-		RETURNING
-			pgonce_key.key,
-			pgonce_key.tool
-	)
-	INSERT INTO `+quoted+`.pgonce_outbox (key, tool)
-	SELECT inserted.key, inserted.tool
-	FROM inserted
-	RETURNING pgonce_outbox.key`, prefix, benchTool, rows)
+		RETURNING pgonce_key.key`, prefix, benchTool, rows)
 	require.NoError(b, err)
 	keys, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
 	require.NoError(b, err)
@@ -199,7 +191,7 @@ func benchAnalyze(b *testing.B, schema string) {
 	b.Helper()
 	quoted := ident.Quote(schema)
 	_, err := pgoncetest.Pool(b).Exec(context.Background(),
-		`ANALYZE `+quoted+`.pgonce_key, `+quoted+`.pgonce_outbox`)
+		`ANALYZE `+quoted+`.pgonce_key`)
 	require.NoError(b, err)
 }
 
@@ -217,7 +209,7 @@ func benchAwait(b *testing.B, ch <-chan struct{}, what string) {
 // is recorded.
 func benchAwaitEmpty(b *testing.B, schema string) {
 	b.Helper()
-	query := `SELECT EXISTS (SELECT 1 FROM ` + ident.Quote(schema) + `.pgonce_outbox)`
+	query := `SELECT EXISTS (SELECT 1 FROM ` + ident.Quote(schema) + `.pgonce_key WHERE state = 'open')`
 	deadline := time.Now().Add(benchTimeout)
 	for {
 		var open bool

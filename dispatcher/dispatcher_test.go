@@ -185,7 +185,7 @@ func TestDispatcher(t *testing.T) {
 		}
 		var outboxRows int
 		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
-			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_outbox`).Scan(&outboxRows))
+			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state = 'open'`).Scan(&outboxRows))
 		require.Zero(t, outboxRows)
 	})
 
@@ -335,7 +335,7 @@ func TestDispatcher(t *testing.T) {
 		counting := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
 			var leased int64
 			err := pgoncetest.Pool(t).QueryRow(ctx,
-				`SELECT count(*) FROM "`+bundle.schema+`".pgonce_outbox WHERE lease_until IS NOT NULL`).Scan(&leased)
+				`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE lease_until IS NOT NULL`).Scan(&leased)
 			if err != nil {
 				return nil, err
 			}

@@ -1,5 +1,5 @@
 // Package dispatcher runs the calls that clients submit: it claims due
-// outbox rows, calls each row's provider under a lease, and records the
+// pending keys, calls each key's provider under a lease, and records the
 // outcome.
 //
 //	d, err := dispatcher.New(client, dispatcher.Config{Concurrency: 32})

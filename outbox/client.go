@@ -66,9 +66,9 @@ func (c *Client[TTx]) Config() Config { return c.config }
 // API is not stable. DO NOT USE.
 func (c *Client[TTx]) Store() *store.Store { return c.store }
 
-// SubmitTx claims call's key and writes its outbox row inside tx, the
-// caller's own transaction, in one statement. If tx rolls back, so too do the
-// key and the row; once tx commits, a dispatcher runs the call.
+// SubmitTx claims call's key inside tx, the caller's own transaction, with
+// one single-row INSERT: the key's row is also its outbox entry. If tx rolls
+// back, so does the key; once tx commits, a dispatcher runs the call.
 //
 // An existing key answers by its state: pending or in flight returns
 // Created false and a retry-after hint; succeeded and failed return the
@@ -92,8 +92,8 @@ func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, 
 	return res, err
 }
 
-// Submit is [Client.SubmitTx] on its own: the key claim and the outbox row
-// are written by one statement, which commits by itself before Submit
+// Submit is [Client.SubmitTx] on its own: the key claim is written by one
+// statement, which commits by itself before Submit
 // returns, so no explicit transaction (and no extra round trip) is needed.
 func (c *Client[TTx]) Submit(ctx context.Context, call Call) (Result, error) {
 	d, _, err := c.prepare(call)
@@ -141,8 +141,7 @@ func (c *Client[TTx]) prepare(call Call) (derivation, *Tool, error) {
 	return d, tool, nil
 }
 
-// claim writes the key and its outbox row, or reads the row that was there
-// first. With inFlight the new row is claimed at once under a lease, for Do.
+// claim writes the key's row, or reads the row that was there first. With inFlight the new row is claimed at once under a lease, for Do.
 // It reports whether this request created the key.
 func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *dbpgx.KeyInsertRow, error) {
 	params := &dbpgx.KeyInsertParams{
@@ -235,14 +234,7 @@ func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
 		if row.LeaseUntil != nil {
 			res.State = StateInFlight
 		}
-		if row.OutboxAttempt != nil {
-			res.Attempts = int(*row.OutboxAttempt)
-		}
-		available := res.CreatedAt
-		if row.AvailableAt != nil {
-			available = *row.AvailableAt
-		}
-		res.RetryAfter = c.retryAfter(res.State, available, row.LeaseUntil)
+		res.RetryAfter = c.retryAfter(res.State, row.AvailableAt, row.LeaseUntil)
 	case dbStateSucceeded:
 		res.State, res.Response = StateSucceeded, row.Response
 	case dbStateFailed:

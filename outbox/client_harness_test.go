@@ -103,11 +103,12 @@ func (p *lookupProvider) Lookup(context.Context, outbox.Request) (json.RawMessag
 	return p.found, p.found != nil, nil
 }
 
-// rowCounts returns how many key and outbox rows schema holds.
+// rowCounts returns how many keys schema holds, and how many of them are
+// open: the outbox entries, pending or in flight.
 func rowCounts(t *testing.T, schema string) (keys, outboxRows int) {
 	t.Helper()
 	pool := pgoncetest.Pool(t)
 	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_key`).Scan(&keys))
-	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_outbox`).Scan(&outboxRows))
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_key WHERE state = 'open'`).Scan(&outboxRows))
 	return keys, outboxRows
 }

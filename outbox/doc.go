@@ -12,8 +12,8 @@
 //
 // # Submitting in your transaction
 //
-// [Client.SubmitTx] claims the key and writes an outbox row inside the
-// caller's own transaction, in one statement:
+// [Client.SubmitTx] claims the key inside the caller's own transaction, with
+// one single-row statement (the key's row is also its outbox entry):
 //
 //	tx, err := db.BeginTx(ctx, nil)
 //	...

@@ -26,7 +26,7 @@ type Inspection struct {
 	Fingerprint string
 	// ExpiresAt is when retention may prune the key, or zero.
 	ExpiresAt time.Time
-	// Queue describes the outbox row while the key is pending or in
+	// Queue describes the key's outbox entry while it is pending or in
 	// flight; nil otherwise.
 	Queue *QueueEntry
 	// Resolutions are the operator decisions recorded for the key, oldest
@@ -34,7 +34,7 @@ type Inspection struct {
 	Resolutions []ResolutionRecord
 }
 
-// QueueEntry is the outbox row of an open key.
+// QueueEntry is the outbox entry of an open key: its queue fields.
 type QueueEntry struct {
 	AvailableAt      time.Time
 	LeaseUntil       time.Time

@@ -35,7 +35,7 @@ func (s State) InProgress() bool {
 }
 
 // Stored key states, as the pgonce_key.state column holds them. Pending and
-// in flight are both "open"; the key's outbox row tells them apart.
+// in flight are both "open"; a lease tells them apart.
 const (
 	dbStateOpen        = "open"
 	dbStateSucceeded   = "succeeded"

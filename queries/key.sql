@@ -1,86 +1,61 @@
 -- name: KeyInsert :one
--- KeyInsert writes the key claim and its outbox row in one statement, and
--- notifies dispatchers when the row is pending. ON CONFLICT DO NOTHING has no
--- target, so it covers both the key and the scope, and a tombstone (an expired
--- key keeps its row) conflicts like any other key. A caller that gets no row
--- reads the existing one with KeyGetByKeyOrScope in a new statement: under
--- READ COMMITTED only a new statement's snapshot sees a row that another
--- transaction committed while this insert waited on the unique index.
--- With a lease the row is claimed in flight at once (the inline Do path).
-WITH inserted AS (
-    INSERT INTO pgonce_key (
-        key,
-        scope,
-        tenant,
-        run_id,
-        step,
-        business_key,
-        tool,
-        natural_id,
-        fingerprint,
-        args,
-        created_at,
-        updated_at
-    )
-    SELECT
-        @key::text,
-        @scope::text,
-        @tenant::text,
-        @run_id::text,
-        @step::bigint,
-        @business_key::text,
-        @tool::text,
-        @natural_id::text,
-        @fingerprint::text,
-        @args::bytea,
-        coalesce(sqlc.narg('now')::timestamptz, now()),
-        coalesce(sqlc.narg('now')::timestamptz, now())
-    ON CONFLICT DO NOTHING
-    RETURNING
-        pgonce_key.key,
-        pgonce_key.tool,
-        pgonce_key.created_at
-),
-queued AS (
-    INSERT INTO pgonce_outbox (
-        key,
-        tool,
-        available_at,
-        attempt,
-        lease_until,
-        worker,
-        first_attempted_at,
-        created_at
-    )
-    SELECT
-        inserted.key,
-        inserted.tool,
-        inserted.created_at,
-        CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN 0 ELSE 1 END,
-        inserted.created_at + sqlc.narg('lease_ms')::bigint * interval '1 millisecond',
-        sqlc.narg('worker')::text,
-        CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN NULL ELSE inserted.created_at END,
-        inserted.created_at
-    FROM inserted
-    RETURNING
-        pgonce_outbox.key,
-        pgonce_outbox.attempt,
-        pgonce_outbox.lease_until
-),
--- A SELECT in WITH runs only when referenced, hence the count below.
-notified AS (
-    SELECT pg_notify(@channel::text, '')
-    FROM queued
-    WHERE queued.lease_until IS NULL
-        AND @channel::text <> ''
+-- KeyInsert writes the key claim, which is also its outbox entry, and
+-- notifies dispatchers when the key is pending: one row, one statement, no
+-- CTE. ON CONFLICT DO NOTHING has no target, so it covers both the key and
+-- the scope, and a tombstone (an expired key keeps its row) conflicts like
+-- any other key; RETURNING, and so the notification, runs only for an
+-- inserted row. A caller that gets no row reads the existing one with
+-- KeyGetByKeyOrScope in a new statement: under READ COMMITTED only a new
+-- statement's snapshot sees a row that another transaction committed while
+-- this insert waited on the unique index. With a lease the key is claimed in
+-- flight at once (the inline Do path).
+INSERT INTO pgonce_key (
+    key,
+    scope,
+    tenant,
+    run_id,
+    step,
+    business_key,
+    tool,
+    natural_id,
+    fingerprint,
+    args,
+    attempt,
+    available_at,
+    lease_until,
+    worker,
+    first_attempted_at,
+    created_at,
+    updated_at
+) VALUES (
+    @key::text,
+    @scope::text,
+    @tenant::text,
+    @run_id::text,
+    @step::bigint,
+    @business_key::text,
+    @tool::text,
+    @natural_id::text,
+    @fingerprint::text,
+    @args::bytea,
+    CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN 0 ELSE 1 END,
+    coalesce(sqlc.narg('now')::timestamptz, now()),
+    coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.narg('lease_ms')::bigint * interval '1 millisecond',
+    sqlc.narg('worker')::text,
+    CASE WHEN sqlc.narg('lease_ms')::bigint IS NOT NULL THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
+    coalesce(sqlc.narg('now')::timestamptz, now()),
+    coalesce(sqlc.narg('now')::timestamptz, now())
 )
-SELECT
-    inserted.created_at,
-    queued.attempt,
-    queued.lease_until,
-    (SELECT count(*) FROM notified)::bigint AS notified
-FROM inserted
-JOIN queued ON queued.key = inserted.key;
+ON CONFLICT DO NOTHING
+RETURNING
+    pgonce_key.created_at,
+    pgonce_key.attempt,
+    pgonce_key.lease_until,
+    (CASE
+        WHEN pgonce_key.lease_until IS NULL AND @channel::text <> ''
+            THEN pg_notify(@channel::text, '') IS NOT NULL
+        ELSE false
+    END)::boolean AS notified;
 
 -- name: KeyGetByKeyOrScope :one
 -- KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same
@@ -104,11 +79,9 @@ SELECT
     pgonce_key.completed_at,
     pgonce_key.expires_at,
     pgonce_key.last_error,
-    pgonce_outbox.attempt AS outbox_attempt,
-    pgonce_outbox.available_at,
-    pgonce_outbox.lease_until
+    pgonce_key.available_at,
+    pgonce_key.lease_until
 FROM pgonce_key
-LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = @key::text
     OR pgonce_key.scope = @scope::text
 ORDER BY pgonce_key.key = @key::text DESC
@@ -134,11 +107,9 @@ SELECT
     pgonce_key.completed_at,
     pgonce_key.expires_at,
     pgonce_key.last_error,
-    pgonce_outbox.attempt AS outbox_attempt,
-    pgonce_outbox.available_at,
-    pgonce_outbox.lease_until
+    pgonce_key.available_at,
+    pgonce_key.lease_until
 FROM pgonce_key
-LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = @key::text;
 
 -- name: KeyExpire :one
@@ -216,13 +187,12 @@ WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
 SELECT
     pgonce_key.tool,
     (CASE
-        WHEN pgonce_key.state = 'open' AND pgonce_outbox.lease_until IS NOT NULL THEN 'in_flight'
+        WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN 'in_flight'
         WHEN pgonce_key.state = 'open' THEN 'pending'
         ELSE pgonce_key.state
     END)::text AS state,
     count(*)::bigint AS keys
 FROM pgonce_key
-LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 GROUP BY 1, 2
 ORDER BY 1, 2;
 

@@ -1,34 +1,40 @@
+-- The outbox is the set of open keys: a pending key has no lease, an
+-- in-flight key has one. These statements are the queue's, over pgonce_key.
+
 -- name: OutboxClaimBatch :many
--- OutboxClaimBatch claims up to max due pending rows of the given tools: it
+-- OutboxClaimBatch claims up to max due pending keys of the given tools: it
 -- marks them in flight under a lease that ends by the database clock, and
 -- returns what the provider call needs. SKIP LOCKED lets any number of
 -- dispatchers claim side by side without waiting on each other.
 WITH due AS (
-    SELECT pgonce_outbox.key
-    FROM pgonce_outbox
-    WHERE pgonce_outbox.lease_until IS NULL
-        AND pgonce_outbox.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
-        AND pgonce_outbox.tool = any(@tools::text[])
-    ORDER BY pgonce_outbox.available_at
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+        AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_key.tool = any(@tools::text[])
+    ORDER BY pgonce_key.available_at
     LIMIT @max_rows::integer
     FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
-    UPDATE pgonce_outbox
+    UPDATE pgonce_key
     SET
-        attempt = pgonce_outbox.attempt + 1,
+        attempt = pgonce_key.attempt + 1,
         lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
         worker = @worker::text,
-        first_attempted_at = coalesce(pgonce_outbox.first_attempted_at, sqlc.narg('now')::timestamptz, now())
+        first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now())
     FROM due
-    WHERE pgonce_outbox.key = due.key
+    WHERE pgonce_key.key = due.key
     RETURNING
-        pgonce_outbox.key,
-        pgonce_outbox.tool,
-        pgonce_outbox.attempt,
-        pgonce_outbox.ambiguous,
-        pgonce_outbox.first_attempted_at,
-        pgonce_outbox.lease_until
+        pgonce_key.key,
+        pgonce_key.tool,
+        pgonce_key.attempt,
+        pgonce_key.ambiguous,
+        pgonce_key.first_attempted_at,
+        pgonce_key.lease_until,
+        pgonce_key.natural_id,
+        pgonce_key.args
 )
 SELECT
     claimed.key,
@@ -37,34 +43,34 @@ SELECT
     claimed.ambiguous,
     claimed.first_attempted_at::timestamptz AS first_attempted_at,
     claimed.lease_until::timestamptz AS lease_until,
-    pgonce_key.natural_id,
-    pgonce_key.args
+    claimed.natural_id,
+    claimed.args
 FROM claimed
-JOIN pgonce_key ON pgonce_key.key = claimed.key
 ORDER BY claimed.key;
 
 -- name: OutboxClaimKey :one
 -- OutboxClaimKey claims one pending key for the inline path. A concurrent
 -- claimer waits on the row lock, then finds the lease taken and gets no row.
-UPDATE pgonce_outbox
+UPDATE pgonce_key
 SET
-    attempt = pgonce_outbox.attempt + 1,
+    attempt = pgonce_key.attempt + 1,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
     worker = @worker::text,
-    first_attempted_at = coalesce(pgonce_outbox.first_attempted_at, sqlc.narg('now')::timestamptz, now())
-WHERE pgonce_outbox.key = @key::text
-    AND pgonce_outbox.lease_until IS NULL
+    first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now())
+WHERE pgonce_key.key = @key::text
+    AND pgonce_key.state = 'open'
+    AND pgonce_key.lease_until IS NULL
 RETURNING
-    pgonce_outbox.attempt,
-    pgonce_outbox.ambiguous,
-    pgonce_outbox.first_attempted_at::timestamptz AS first_attempted_at,
-    pgonce_outbox.lease_until::timestamptz AS lease_until;
+    pgonce_key.attempt,
+    pgonce_key.ambiguous,
+    pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
+    pgonce_key.lease_until::timestamptz AS lease_until;
 
 -- name: OutboxRelease :many
 -- OutboxRelease puts attempts that may be tried again back to pending, after
 -- their backoff, several at once. Each release is fenced by its attempt, as
--- in KeyFinish. ambiguous records that the attempt may have acted, so that
--- the next one reads before it writes.
+-- in OutboxFinish. ambiguous records that the attempt may have acted, so
+-- that the next one reads before it writes.
 WITH released AS (
     SELECT
         unnest(@key::text[]) AS key,
@@ -74,18 +80,20 @@ WITH released AS (
         unnest(@last_error::text[]) AS last_error
 ),
 updated AS (
-    UPDATE pgonce_outbox
+    UPDATE pgonce_key
     SET
         lease_until = NULL,
         worker = NULL,
         available_at = coalesce(sqlc.narg('now')::timestamptz, now()) + released.delay_ms * interval '1 millisecond',
         ambiguous = released.ambiguous,
-        last_error = released.last_error
+        last_error = released.last_error,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM released
-    WHERE pgonce_outbox.key = released.key
-        AND pgonce_outbox.attempt = released.attempt
-        AND pgonce_outbox.lease_until IS NOT NULL
-    RETURNING pgonce_outbox.key
+    WHERE pgonce_key.key = released.key
+        AND pgonce_key.attempt = released.attempt
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NOT NULL
+    RETURNING pgonce_key.key
 ),
 notified AS (
     SELECT pg_notify(@channel::text, '')
@@ -100,13 +108,13 @@ FROM updated;
 
 -- name: OutboxFinish :many
 -- OutboxFinish records the outcomes of finished attempts, several at once,
--- given as parallel arrays. Each outcome is fenced by its attempt: only the
--- outbox row that still holds that attempt under a lease is retired, and only
--- a retired row's key is written, so a late writer whose lease was taken over
--- changes nothing. Terminal outcomes start the retention of the key;
--- needs_review keeps the key without one. internal/store runs it with a
--- custom plan: a generic plan cannot see the array sizes and joins outcome
--- and retired in quadratic time.
+-- given as parallel arrays. Each outcome is fenced by its attempt: only a
+-- key that is still open and still holds that attempt under a lease is
+-- written, so a late writer whose lease was taken over changes nothing.
+-- Recording the outcome takes the key off the queue. Terminal outcomes
+-- start the retention of the key; needs_review keeps the key without one.
+-- internal/store runs it with a custom plan: a generic plan cannot see the
+-- array size and may join the outcomes to the table in quadratic time.
 WITH outcome AS (
     SELECT
         unnest(@key::text[]) AS key,
@@ -117,21 +125,14 @@ WITH outcome AS (
         unnest(@retention_ms::bigint[]) AS retention_ms,
         unnest(@last_error::text[]) AS last_error
 ),
-retired AS (
-    DELETE FROM pgonce_outbox
-    USING outcome
-    WHERE pgonce_outbox.key = outcome.key
-        AND pgonce_outbox.attempt = outcome.attempt
-        AND pgonce_outbox.lease_until IS NOT NULL
-    RETURNING pgonce_outbox.key
-),
 updated AS (
     UPDATE pgonce_key
     SET
         state = outcome.state,
         response = outcome.response,
         failure = outcome.failure,
-        attempt = outcome.attempt,
+        lease_until = NULL,
+        worker = NULL,
         last_error = nullif(outcome.last_error, ''),
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
         completed_at = CASE
@@ -146,8 +147,10 @@ updated AS (
                 THEN coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
         END
     FROM outcome
-    JOIN retired ON retired.key = outcome.key
     WHERE pgonce_key.key = outcome.key
+        AND pgonce_key.attempt = outcome.attempt
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NOT NULL
     RETURNING pgonce_key.key
 ),
 -- One notification carries up to 100 comma-separated keys, well within the
@@ -170,113 +173,131 @@ SELECT
 FROM updated;
 
 -- name: OutboxCountUnserved :many
--- OutboxCountUnserved counts pending rows, per tool, of tools outside the
+-- OutboxCountUnserved counts pending keys, per tool, of tools outside the
 -- given list that have waited longer than the given age: work nobody serves.
 SELECT
-    pgonce_outbox.tool,
+    pgonce_key.tool,
     count(*)::bigint AS waiting,
-    min(pgonce_outbox.created_at)::timestamptz AS oldest
-FROM pgonce_outbox
-WHERE pgonce_outbox.lease_until IS NULL
-    AND NOT (pgonce_outbox.tool = any(@tools::text[]))
-    AND pgonce_outbox.created_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond'
-GROUP BY pgonce_outbox.tool
-ORDER BY pgonce_outbox.tool;
+    min(pgonce_key.created_at)::timestamptz AS oldest
+FROM pgonce_key
+WHERE pgonce_key.state = 'open'
+    AND pgonce_key.lease_until IS NULL
+    AND NOT (pgonce_key.tool = any(@tools::text[]))
+    AND pgonce_key.created_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond'
+GROUP BY pgonce_key.tool
+ORDER BY pgonce_key.tool;
 
 -- name: OutboxReclaimExpired :many
--- OutboxReclaimExpired takes in-flight rows whose lease ended more than
+-- OutboxReclaimExpired takes in-flight keys whose lease ended more than
 -- grace ago (a worker crashed, or an attempt ended with nobody to record it)
 -- for the reconciler: it leases them to the reconciler under a new attempt,
 -- which fences out the worker that held them, and returns them. SKIP LOCKED
--- keeps concurrent reconcilers off each other's rows, and a live lease is
+-- keeps concurrent reconcilers off each other's keys, and a live lease is
 -- never touched.
 WITH expired AS (
-    SELECT pgonce_outbox.key
-    FROM pgonce_outbox
-    WHERE pgonce_outbox.lease_until IS NOT NULL
-        AND pgonce_outbox.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
-        AND pgonce_outbox.tool = any(@tools::text[])
-    ORDER BY pgonce_outbox.lease_until
+    SELECT pgonce_key.key
+    FROM pgonce_key
+    WHERE pgonce_key.lease_until IS NOT NULL
+        AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
+        AND pgonce_key.tool = any(@tools::text[])
+    ORDER BY pgonce_key.lease_until
     LIMIT @max_rows::integer
     FOR UPDATE SKIP LOCKED
 ),
 reclaimed AS (
-    UPDATE pgonce_outbox
+    UPDATE pgonce_key
     SET
-        attempt = pgonce_outbox.attempt + 1,
+        attempt = pgonce_key.attempt + 1,
         lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
         worker = @worker::text
     FROM expired
-    WHERE pgonce_outbox.key = expired.key
+    WHERE pgonce_key.key = expired.key
     RETURNING
-        pgonce_outbox.key,
-        pgonce_outbox.tool,
-        pgonce_outbox.attempt,
-        pgonce_outbox.first_attempted_at
+        pgonce_key.key,
+        pgonce_key.tool,
+        pgonce_key.attempt,
+        pgonce_key.first_attempted_at,
+        pgonce_key.natural_id,
+        pgonce_key.args
 )
 SELECT
     reclaimed.key,
     reclaimed.tool,
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
-    pgonce_key.natural_id,
-    pgonce_key.args
+    reclaimed.natural_id,
+    reclaimed.args
 FROM reclaimed
-JOIN pgonce_key ON pgonce_key.key = reclaimed.key
 ORDER BY reclaimed.key;
 
 -- name: OutboxCountExpired :many
--- OutboxCountExpired counts, per tool, in-flight rows past lease and grace
--- of tools outside the given list: rows the reconciler skips.
+-- OutboxCountExpired counts, per tool, in-flight keys past lease and grace
+-- of tools outside the given list: keys the reconciler skips.
 SELECT
-    pgonce_outbox.tool,
+    pgonce_key.tool,
     count(*)::bigint AS expired
-FROM pgonce_outbox
-WHERE pgonce_outbox.lease_until IS NOT NULL
-    AND pgonce_outbox.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
-    AND NOT (pgonce_outbox.tool = any(@tools::text[]))
-GROUP BY pgonce_outbox.tool
-ORDER BY pgonce_outbox.tool;
+FROM pgonce_key
+WHERE pgonce_key.lease_until IS NOT NULL
+    AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
+    AND NOT (pgonce_key.tool = any(@tools::text[]))
+GROUP BY pgonce_key.tool
+ORDER BY pgonce_key.tool;
 
 -- name: OutboxCountStalePending :one
--- OutboxCountStalePending counts pending rows due for longer than the given
+-- OutboxCountStalePending counts pending keys due for longer than the given
 -- age: work no dispatcher picks up.
 SELECT
     count(*)::bigint AS stale,
     coalesce(
-        extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_outbox.available_at)) * 1000,
+        extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_key.available_at)) * 1000,
         0
     )::bigint AS oldest_age_ms
-FROM pgonce_outbox
-WHERE pgonce_outbox.lease_until IS NULL
-    AND pgonce_outbox.available_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond';
+FROM pgonce_key
+WHERE pgonce_key.state = 'open'
+    AND pgonce_key.lease_until IS NULL
+    AND pgonce_key.available_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond';
 
 -- name: OutboxGet :one
+-- OutboxGet reads the queue fields of an open key.
 SELECT
-    pgonce_outbox.attempt,
-    pgonce_outbox.available_at,
-    pgonce_outbox.lease_until,
-    pgonce_outbox.worker,
-    pgonce_outbox.first_attempted_at,
-    pgonce_outbox.ambiguous,
-    pgonce_outbox.last_error
-FROM pgonce_outbox
-WHERE pgonce_outbox.key = @key::text;
+    pgonce_key.attempt,
+    pgonce_key.available_at,
+    pgonce_key.lease_until,
+    pgonce_key.worker,
+    pgonce_key.first_attempted_at,
+    pgonce_key.ambiguous,
+    pgonce_key.last_error
+FROM pgonce_key
+WHERE pgonce_key.key = @key::text
+    AND pgonce_key.state = 'open';
 
 -- name: OutboxStats :one
--- OutboxStats summarises the queue for operators: how long the oldest due
--- pending row has waited, and how many in-flight rows hold an expired lease.
+-- OutboxStats summarises the queue for operators: how many keys are pending
+-- and in flight, how long the oldest due pending key has waited, and how
+-- many in-flight keys hold an expired lease. Each count reads a partial
+-- index of open keys, never the finished ones.
 SELECT
-    count(*) FILTER (WHERE pgonce_outbox.lease_until IS NULL)::bigint AS pending,
-    count(*) FILTER (WHERE pgonce_outbox.lease_until IS NOT NULL)::bigint AS in_flight,
-    count(*) FILTER (
-        WHERE pgonce_outbox.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
+    (
+        SELECT count(*)
+        FROM pgonce_key
+        WHERE pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+    )::bigint AS pending,
+    (
+        SELECT count(*)
+        FROM pgonce_key
+        WHERE pgonce_key.lease_until IS NOT NULL
+    )::bigint AS in_flight,
+    (
+        SELECT count(*)
+        FROM pgonce_key
+        WHERE pgonce_key.lease_until IS NOT NULL
+            AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
     )::bigint AS expired_leases,
-    coalesce(
-        extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_outbox.available_at) FILTER (
-            WHERE pgonce_outbox.lease_until IS NULL
-                AND pgonce_outbox.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
-        )) * 1000,
-        0
-    )::bigint AS oldest_pending_ms
-FROM pgonce_outbox;
+    coalesce((
+        SELECT extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_key.available_at)) * 1000
+        FROM pgonce_key
+        WHERE pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+            AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+    ), 0)::bigint AS oldest_pending_ms;

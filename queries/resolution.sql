@@ -1,8 +1,9 @@
 -- name: KeyResolve :one
 -- KeyResolve applies an operator decision to a key in needs_review, and
 -- records it. succeeded and failed store the given bytes and start the
--- retention of the key; retry sends the key back to pending with a new
--- outbox row. A key in any other state is left alone and no row returns.
+-- retention of the key; retry sends the key back to pending, due now, as a
+-- fresh entry of the queue. A key in any other state is left alone and no
+-- row returns.
 WITH target AS (
     SELECT
         pgonce_key.key,
@@ -20,6 +21,9 @@ updated AS (
         response = sqlc.narg('response')::bytea,
         failure = sqlc.narg('failure')::bytea,
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        available_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        ambiguous = false,
+        first_attempted_at = NULL,
         completed_at = CASE
             WHEN @action::text = 'retry' THEN NULL
             ELSE coalesce(sqlc.narg('now')::timestamptz, now())
@@ -38,24 +42,6 @@ updated AS (
         pgonce_key.key,
         pgonce_key.tool,
         pgonce_key.attempt
-),
-queued AS (
-    INSERT INTO pgonce_outbox (
-        key,
-        tool,
-        available_at,
-        attempt,
-        created_at
-    )
-    SELECT
-        updated.key,
-        updated.tool,
-        coalesce(sqlc.narg('now')::timestamptz, now()),
-        updated.attempt,
-        coalesce(sqlc.narg('now')::timestamptz, now())
-    FROM updated
-    WHERE @action::text = 'retry'
-    RETURNING pgonce_outbox.key
 ),
 recorded AS (
     INSERT INTO pgonce_resolution (
@@ -81,7 +67,7 @@ notified AS (
 )
 SELECT
     updated.key,
-    (SELECT count(*) FROM queued)::bigint AS queued,
+    (CASE WHEN @action::text = 'retry' THEN 1 ELSE 0 END)::bigint AS queued,
     (SELECT count(*) FROM recorded)::bigint AS recorded,
     (SELECT count(*) FROM notified)::bigint AS notified
 FROM updated;

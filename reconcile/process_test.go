@@ -355,7 +355,7 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 		return err == nil && backends == 0
 	}, time.Minute, 5*time.Millisecond)
 	finishedAtKill := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE state <> 'open'`)
-	inFlightAtKill := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_outbox WHERE lease_until IS NOT NULL`)
+	inFlightAtKill := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE lease_until IS NOT NULL`)
 	t.Logf("at the kill: %d of %d keys finished, %d in flight", finishedAtKill, rows, inFlightAtKill)
 	require.Less(t, finishedAtKill, rows, "the kill must leave work undone")
 
@@ -364,7 +364,7 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var live int
 		err := bundle.pool.QueryRow(context.Background(), `
-			SELECT count(*) FROM `+bundle.quoted+`.pgonce_outbox
+			SELECT count(*) FROM `+bundle.quoted+`.pgonce_key
 			WHERE lease_until >= now() - interval '1 millisecond'`).Scan(&live)
 		return err == nil && live == 0
 	}, time.Minute, 20*time.Millisecond)
@@ -382,7 +382,7 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 	require.Positive(t, examined, "the kill must leave rows in flight for the reconciler")
 	require.Equal(t, inFlightAtKill, examined, "every row in flight at the kill is examined")
 	require.Empty(t, report.SkippedUnregistered)
-	require.Zero(t, count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_outbox WHERE lease_until IS NOT NULL`),
+	require.Zero(t, count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE lease_until IS NOT NULL`),
 		"nothing is left in flight after reconciling")
 
 	// A fresh dispatcher finishes the rest.
@@ -449,7 +449,7 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 	require.Equal(t, report.Examined["email"], report.Resolved["email"][reconcile.OutcomeNeedsReview],
 		"the reconciler sends every stale email to review")
 	require.GreaterOrEqual(t, reviewed, report.Examined["email"])
-	require.Zero(t, count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_outbox`), "no row is left")
+	require.Zero(t, count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE state = 'open'`), "no key is left open")
 	var extra int
 	for naturalID := range effects {
 		if _, ok := bundle.keys[naturalID]; !ok {

@@ -71,7 +71,7 @@ func crashed(t *testing.T, bundle *testBundle, tool string, step int64, leaseAgo
 	})
 	require.NoError(t, err)
 	_, err = pgoncetest.Pool(t).Exec(t.Context(), `
-		UPDATE "`+bundle.schema+`".pgonce_outbox
+		UPDATE "`+bundle.schema+`".pgonce_key
 		SET attempt = 1, worker = 'dead-worker', lease_until = now() - $2::interval,
 			first_attempted_at = now() - $2::interval - interval '1 minute'
 		WHERE key = $1`, string(res.Key), leaseAgo)
@@ -174,7 +174,7 @@ func TestRunOnce(t *testing.T) {
 		res, err := bundle.client.Submit(t.Context(), outbox.Call{RunID: "run", Step: 1, Tool: "refund", Args: map[string]any{}})
 		require.NoError(t, err)
 		_, err = pgoncetest.Pool(t).Exec(t.Context(),
-			`UPDATE "`+bundle.schema+`".pgonce_outbox SET available_at = now() - interval '1 hour'`)
+			`UPDATE "`+bundle.schema+`".pgonce_key SET available_at = now() - interval '1 hour'`)
 		require.NoError(t, err)
 
 		r, err := reconcile.New(bundle.client, reconcile.Config{})
@@ -193,14 +193,11 @@ func TestRunOnce(t *testing.T) {
 		bundle := setup(t)
 		const rows = 1000
 		_, err := pgoncetest.Pool(t).Exec(t.Context(), `
-			WITH k AS (
-				INSERT INTO "`+bundle.schema+`".pgonce_key (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
-				SELECT 'k1_' || encode(sha256(('stale' || i)::bytea), 'hex'), 'scope-' || i, '', 'stale', i, '', 'email', '', 'f', '{}'::bytea
-				FROM generate_series(1, $1::int) AS i
-				RETURNING key
-			)
-			INSERT INTO "`+bundle.schema+`".pgonce_outbox (key, tool, attempt, worker, lease_until, first_attempted_at)
-			SELECT key, 'email', 1, 'dead-worker', now() - interval '1 hour', now() - interval '2 hours' FROM k`, rows)
+			INSERT INTO "`+bundle.schema+`".pgonce_key (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args,
+				attempt, worker, lease_until, first_attempted_at)
+			SELECT 'k1_' || encode(sha256(('stale' || i)::bytea), 'hex'), 'scope-' || i, '', 'stale', i, '', 'email', '', 'f', '{}'::bytea,
+				1, 'dead-worker', now() - interval '1 hour', now() - interval '2 hours'
+			FROM generate_series(1, $1::int) AS i`, rows)
 		require.NoError(t, err)
 
 		reports := make([]reconcile.Report, 2)

@@ -286,7 +286,7 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	say("   arguments as written:  %s", call.Args)
 	say("   canonical (RFC 8785):  %s", canonical)
 	say("   key:                   %s", key)
-	say("   SubmitTx wrote the key claim and the outbox row in the caller's transaction, then it committed.")
+	say("   SubmitTx wrote the key claim, its own outbox entry, in the caller's transaction, then it committed.")
 	say("   created=%t state=%s", res.Created, res.State)
 	if !res.Created || res.State != outbox.StatePending || res.Key != key {
 		return invariant("the first ask must create key %s pending, got created=%t state=%s key=%s", key, res.Created, res.State, res.Key)

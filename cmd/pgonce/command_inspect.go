@@ -18,7 +18,7 @@ func inspectCommand() *command {
 		summary:  "a key's full record: identity, state, response, attempts, queue, resolutions",
 		help: `Prints everything pgonce knows about KEY: the call's identity and canonical
 arguments, its state and attempts, the stored response or failure exactly
-as recorded, the outbox row while the key is pending or in flight, and the
+as recorded, its queue fields while the key is pending or in flight, and the
 operator resolutions recorded for it.
 
 Text output prints the response and failure bytes raw, as stored. With

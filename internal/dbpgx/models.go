@@ -9,39 +9,31 @@ import (
 )
 
 type PgonceKey struct {
-	Key         string
-	Scope       string
-	Tenant      string
-	RunID       string
-	Step        int64
-	BusinessKey string
-	Tool        string
-	NaturalID   string
-	Fingerprint string
-	Args        []byte
-	State       string
-	Attempt     int32
-	Response    []byte
-	Failure     []byte
-	LastError   *string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	CompletedAt *time.Time
-	ExpiresAt   *time.Time
-	ForgetAt    *time.Time
-}
-
-type PgonceOutbox struct {
 	Key              string
+	Scope            string
+	Tenant           string
+	RunID            string
+	Step             int64
+	BusinessKey      string
 	Tool             string
-	AvailableAt      time.Time
+	NaturalID        string
+	Fingerprint      string
+	Args             []byte
+	State            string
 	Attempt          int32
+	AvailableAt      time.Time
 	LeaseUntil       *time.Time
 	Worker           *string
 	FirstAttemptedAt *time.Time
 	Ambiguous        bool
+	Response         []byte
+	Failure          []byte
 	LastError        *string
 	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	CompletedAt      *time.Time
+	ExpiresAt        *time.Time
+	ForgetAt         *time.Time
 }
 
 type PgonceResolution struct {

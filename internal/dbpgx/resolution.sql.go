@@ -17,27 +17,30 @@ WITH target AS (
         pgonce_key.tool,
         pgonce_key.attempt
     FROM pgonce_key
-    WHERE pgonce_key.key = $1::text
+    WHERE pgonce_key.key = $2::text
         AND pgonce_key.state = 'needs_review'
     FOR UPDATE
 ),
 updated AS (
     UPDATE pgonce_key
     SET
-        state = CASE WHEN $2::text = 'retry' THEN 'open' ELSE $2::text END,
+        state = CASE WHEN $1::text = 'retry' THEN 'open' ELSE $1::text END,
         response = $3::bytea,
         failure = $4::bytea,
         updated_at = coalesce($5::timestamptz, now()),
+        available_at = coalesce($5::timestamptz, now()),
+        ambiguous = false,
+        first_attempted_at = NULL,
         completed_at = CASE
-            WHEN $2::text = 'retry' THEN NULL
+            WHEN $1::text = 'retry' THEN NULL
             ELSE coalesce($5::timestamptz, now())
         END,
         expires_at = CASE
-            WHEN $2::text = 'retry' THEN NULL
+            WHEN $1::text = 'retry' THEN NULL
             ELSE coalesce($5::timestamptz, now()) + $6::bigint * interval '1 millisecond'
         END,
         forget_at = CASE
-            WHEN $2::text = 'retry' THEN NULL
+            WHEN $1::text = 'retry' THEN NULL
             ELSE coalesce($5::timestamptz, now()) + $7::bigint * interval '1 millisecond'
         END
     FROM target
@@ -46,24 +49,6 @@ updated AS (
         pgonce_key.key,
         pgonce_key.tool,
         pgonce_key.attempt
-),
-queued AS (
-    INSERT INTO pgonce_outbox (
-        key,
-        tool,
-        available_at,
-        attempt,
-        created_at
-    )
-    SELECT
-        updated.key,
-        updated.tool,
-        coalesce($5::timestamptz, now()),
-        updated.attempt,
-        coalesce($5::timestamptz, now())
-    FROM updated
-    WHERE $2::text = 'retry'
-    RETURNING pgonce_outbox.key
 ),
 recorded AS (
     INSERT INTO pgonce_resolution (
@@ -75,7 +60,7 @@ recorded AS (
     )
     SELECT
         updated.key,
-        $2::text,
+        $1::text,
         $8::text,
         $9::text,
         coalesce($5::timestamptz, now())
@@ -89,15 +74,15 @@ notified AS (
 )
 SELECT
     updated.key,
-    (SELECT count(*) FROM queued)::bigint AS queued,
+    (CASE WHEN $1::text = 'retry' THEN 1 ELSE 0 END)::bigint AS queued,
     (SELECT count(*) FROM recorded)::bigint AS recorded,
     (SELECT count(*) FROM notified)::bigint AS notified
 FROM updated
 `
 
 type KeyResolveParams struct {
-	Key         string
 	Action      string
+	Key         string
 	Response    []byte
 	Failure     []byte
 	Now         *time.Time
@@ -117,12 +102,13 @@ type KeyResolveRow struct {
 
 // KeyResolve applies an operator decision to a key in needs_review, and
 // records it. succeeded and failed store the given bytes and start the
-// retention of the key; retry sends the key back to pending with a new
-// outbox row. A key in any other state is left alone and no row returns.
+// retention of the key; retry sends the key back to pending, due now, as a
+// fresh entry of the queue. A key in any other state is left alone and no
+// row returns.
 func (q *Queries) KeyResolve(ctx context.Context, db DBTX, arg *KeyResolveParams) (*KeyResolveRow, error) {
 	row := db.QueryRow(ctx, keyResolve,
-		arg.Key,
 		arg.Action,
+		arg.Key,
 		arg.Response,
 		arg.Failure,
 		arg.Now,

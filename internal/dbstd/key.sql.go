@@ -14,13 +14,12 @@ const keyCountByToolAndState = `-- name: KeyCountByToolAndState :many
 SELECT
     pgonce_key.tool,
     (CASE
-        WHEN pgonce_key.state = 'open' AND pgonce_outbox.lease_until IS NOT NULL THEN 'in_flight'
+        WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN 'in_flight'
         WHEN pgonce_key.state = 'open' THEN 'pending'
         ELSE pgonce_key.state
     END)::text AS state,
     count(*)::bigint AS keys
 FROM pgonce_key
-LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 GROUP BY 1, 2
 ORDER BY 1, 2
 `
@@ -195,11 +194,9 @@ SELECT
     pgonce_key.completed_at,
     pgonce_key.expires_at,
     pgonce_key.last_error,
-    pgonce_outbox.attempt AS outbox_attempt,
-    pgonce_outbox.available_at,
-    pgonce_outbox.lease_until
+    pgonce_key.available_at,
+    pgonce_key.lease_until
 FROM pgonce_key
-LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = $1::text
 `
 
@@ -208,27 +205,26 @@ type KeyGetParams struct {
 }
 
 type KeyGetRow struct {
-	Key           string
-	Scope         string
-	Tenant        string
-	RunID         string
-	Step          int64
-	BusinessKey   string
-	Tool          string
-	NaturalID     string
-	Fingerprint   string
-	State         string
-	Attempt       int32
-	Response      []byte
-	Failure       []byte
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-	CompletedAt   *time.Time
-	ExpiresAt     *time.Time
-	LastError     *string
-	OutboxAttempt *int32
-	AvailableAt   *time.Time
-	LeaseUntil    *time.Time
+	Key         string
+	Scope       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	NaturalID   string
+	Fingerprint string
+	State       string
+	Attempt     int32
+	Response    []byte
+	Failure     []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	ExpiresAt   *time.Time
+	LastError   *string
+	AvailableAt time.Time
+	LeaseUntil  *time.Time
 }
 
 func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyGetRow, error) {
@@ -253,7 +249,6 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.CompletedAt,
 		&i.ExpiresAt,
 		&i.LastError,
-		&i.OutboxAttempt,
 		&i.AvailableAt,
 		&i.LeaseUntil,
 	)
@@ -297,11 +292,9 @@ SELECT
     pgonce_key.completed_at,
     pgonce_key.expires_at,
     pgonce_key.last_error,
-    pgonce_outbox.attempt AS outbox_attempt,
-    pgonce_outbox.available_at,
-    pgonce_outbox.lease_until
+    pgonce_key.available_at,
+    pgonce_key.lease_until
 FROM pgonce_key
-LEFT JOIN pgonce_outbox ON pgonce_outbox.key = pgonce_key.key
 WHERE pgonce_key.key = $1::text
     OR pgonce_key.scope = $2::text
 ORDER BY pgonce_key.key = $1::text DESC
@@ -314,27 +307,26 @@ type KeyGetByKeyOrScopeParams struct {
 }
 
 type KeyGetByKeyOrScopeRow struct {
-	Key           string
-	Scope         string
-	Tenant        string
-	RunID         string
-	Step          int64
-	BusinessKey   string
-	Tool          string
-	NaturalID     string
-	Fingerprint   string
-	State         string
-	Attempt       int32
-	Response      []byte
-	Failure       []byte
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
-	CompletedAt   *time.Time
-	ExpiresAt     *time.Time
-	LastError     *string
-	OutboxAttempt *int32
-	AvailableAt   *time.Time
-	LeaseUntil    *time.Time
+	Key         string
+	Scope       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	NaturalID   string
+	Fingerprint string
+	State       string
+	Attempt     int32
+	Response    []byte
+	Failure     []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	ExpiresAt   *time.Time
+	LastError   *string
+	AvailableAt time.Time
+	LeaseUntil  *time.Time
 }
 
 // KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same
@@ -361,7 +353,6 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 		&i.CompletedAt,
 		&i.ExpiresAt,
 		&i.LastError,
-		&i.OutboxAttempt,
 		&i.AvailableAt,
 		&i.LeaseUntil,
 	)
@@ -369,79 +360,53 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 }
 
 const keyInsert = `-- name: KeyInsert :one
-WITH inserted AS (
-    INSERT INTO pgonce_key (
-        key,
-        scope,
-        tenant,
-        run_id,
-        step,
-        business_key,
-        tool,
-        natural_id,
-        fingerprint,
-        args,
-        created_at,
-        updated_at
-    )
-    SELECT
-        $1::text,
-        $2::text,
-        $3::text,
-        $4::text,
-        $5::bigint,
-        $6::text,
-        $7::text,
-        $8::text,
-        $9::text,
-        $10::bytea,
-        coalesce($11::timestamptz, now()),
-        coalesce($11::timestamptz, now())
-    ON CONFLICT DO NOTHING
-    RETURNING
-        pgonce_key.key,
-        pgonce_key.tool,
-        pgonce_key.created_at
-),
-queued AS (
-    INSERT INTO pgonce_outbox (
-        key,
-        tool,
-        available_at,
-        attempt,
-        lease_until,
-        worker,
-        first_attempted_at,
-        created_at
-    )
-    SELECT
-        inserted.key,
-        inserted.tool,
-        inserted.created_at,
-        CASE WHEN $12::bigint IS NULL THEN 0 ELSE 1 END,
-        inserted.created_at + $12::bigint * interval '1 millisecond',
-        $13::text,
-        CASE WHEN $12::bigint IS NULL THEN NULL ELSE inserted.created_at END,
-        inserted.created_at
-    FROM inserted
-    RETURNING
-        pgonce_outbox.key,
-        pgonce_outbox.attempt,
-        pgonce_outbox.lease_until
-),
-notified AS (
-    SELECT pg_notify($14::text, '')
-    FROM queued
-    WHERE queued.lease_until IS NULL
-        AND $14::text <> ''
+INSERT INTO pgonce_key (
+    key,
+    scope,
+    tenant,
+    run_id,
+    step,
+    business_key,
+    tool,
+    natural_id,
+    fingerprint,
+    args,
+    attempt,
+    available_at,
+    lease_until,
+    worker,
+    first_attempted_at,
+    created_at,
+    updated_at
+) VALUES (
+    $1::text,
+    $2::text,
+    $3::text,
+    $4::text,
+    $5::bigint,
+    $6::text,
+    $7::text,
+    $8::text,
+    $9::text,
+    $10::bytea,
+    CASE WHEN $11::bigint IS NULL THEN 0 ELSE 1 END,
+    coalesce($12::timestamptz, now()),
+    coalesce($12::timestamptz, now()) + $11::bigint * interval '1 millisecond',
+    $13::text,
+    CASE WHEN $11::bigint IS NOT NULL THEN coalesce($12::timestamptz, now()) END,
+    coalesce($12::timestamptz, now()),
+    coalesce($12::timestamptz, now())
 )
-SELECT
-    inserted.created_at,
-    queued.attempt,
-    queued.lease_until,
-    (SELECT count(*) FROM notified)::bigint AS notified
-FROM inserted
-JOIN queued ON queued.key = inserted.key
+ON CONFLICT DO NOTHING
+RETURNING
+    pgonce_key.created_at,
+    pgonce_key.attempt,
+    pgonce_key.lease_until,
+    (CASE
+        WHEN pgonce_key.lease_until IS NULL AND $14::text <> ''
+            THEN pg_notify($14::text, '') IS NOT NULL
+        ELSE false
+    END)::boolean AS notified
 `
 
 type KeyInsertParams struct {
@@ -455,8 +420,8 @@ type KeyInsertParams struct {
 	NaturalID   string
 	Fingerprint string
 	Args        []byte
-	Now         *time.Time
 	LeaseMs     *int64
+	Now         *time.Time
 	Worker      *string
 	Channel     string
 }
@@ -465,18 +430,19 @@ type KeyInsertRow struct {
 	CreatedAt  time.Time
 	Attempt    int32
 	LeaseUntil *time.Time
-	Notified   int64
+	Notified   bool
 }
 
-// KeyInsert writes the key claim and its outbox row in one statement, and
-// notifies dispatchers when the row is pending. ON CONFLICT DO NOTHING has no
-// target, so it covers both the key and the scope, and a tombstone (an expired
-// key keeps its row) conflicts like any other key. A caller that gets no row
-// reads the existing one with KeyGetByKeyOrScope in a new statement: under
-// READ COMMITTED only a new statement's snapshot sees a row that another
-// transaction committed while this insert waited on the unique index.
-// With a lease the row is claimed in flight at once (the inline Do path).
-// A SELECT in WITH runs only when referenced, hence the count below.
+// KeyInsert writes the key claim, which is also its outbox entry, and
+// notifies dispatchers when the key is pending: one row, one statement, no
+// CTE. ON CONFLICT DO NOTHING has no target, so it covers both the key and
+// the scope, and a tombstone (an expired key keeps its row) conflicts like
+// any other key; RETURNING, and so the notification, runs only for an
+// inserted row. A caller that gets no row reads the existing one with
+// KeyGetByKeyOrScope in a new statement: under READ COMMITTED only a new
+// statement's snapshot sees a row that another transaction committed while
+// this insert waited on the unique index. With a lease the key is claimed in
+// flight at once (the inline Do path).
 func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) (*KeyInsertRow, error) {
 	row := db.QueryRowContext(ctx, keyInsert,
 		arg.Key,
@@ -489,8 +455,8 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 		arg.NaturalID,
 		arg.Fingerprint,
 		arg.Args,
-		arg.Now,
 		arg.LeaseMs,
+		arg.Now,
 		arg.Worker,
 		arg.Channel,
 	)

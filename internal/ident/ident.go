@@ -46,7 +46,7 @@ func Quote(name string) string {
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
 }
 
-// WorkChannel is the channel notified when a pending outbox row is ready.
+// WorkChannel is the channel notified when a pending key is ready.
 func WorkChannel(schema string) string { return schema + "_pgonce_work" }
 
 // DoneChannel is the channel notified, with the key as payload, when a key

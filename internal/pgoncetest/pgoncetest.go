@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/testcontainers/testcontainers-go"
@@ -82,7 +83,8 @@ func Shared() (*pgxpool.Pool, *sql.DB, error) {
 }
 
 // Schema creates a schema unique to tb, migrates it, and drops it with all
-// its rows when tb ends.
+// its rows when tb ends, after checking every key row against the store's
+// invariants (see RequireKeyInvariants).
 func Schema(tb testing.TB) string {
 	tb.Helper()
 	db := DB(tb)
@@ -93,9 +95,46 @@ func Schema(tb testing.TB) string {
 		tb.Fatalf("migrate test schema %s: %v", schema, err)
 	}
 	tb.Cleanup(func() {
+		RequireKeyInvariants(tb, schema)
 		DropSchema(tb, schema)
 	})
 	return schema
+}
+
+// keyInvariants is what every pgonce_key row satisfies, whatever happened
+// to it: the migration states it, the statements in queries/ keep it, and no
+// CHECK constraint enforces it (each would cost every submit).
+const keyInvariants = `
+	state IN ('open', 'succeeded', 'failed', 'needs_review', 'expired')
+	AND (state = 'succeeded') = (response IS NOT NULL)
+	AND (state = 'failed') = (failure IS NOT NULL)
+	AND (state IN ('succeeded', 'failed', 'expired')) = (completed_at IS NOT NULL)
+	AND (state IN ('succeeded', 'failed', 'expired')) = (expires_at IS NOT NULL)
+	AND (lease_until IS NULL) = (worker IS NULL)
+	AND (lease_until IS NULL OR state = 'open')
+	AND attempt >= 0
+	AND (lease_until IS NULL OR attempt > 0)`
+
+// RequireKeyInvariants fails tb if a key row of schema breaks the store's
+// invariants, and names up to ten such rows.
+func RequireKeyInvariants(tb testing.TB, schema string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, err := shared.pool.Query(ctx, `SELECT key || ' (' || state || ')' FROM `+ident.Quote(schema)+
+		`.pgonce_key WHERE NOT (`+keyInvariants+`) ORDER BY key LIMIT 10`)
+	if err != nil {
+		tb.Errorf("check key invariants in %s: %v", schema, err)
+		return
+	}
+	broken, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Errorf("check key invariants in %s: %v", schema, err)
+		return
+	}
+	if len(broken) > 0 {
+		tb.Errorf("key rows in %s break the store's invariants: %v", schema, broken)
+	}
 }
 
 // NewSchemaName returns a fresh schema name that no other test uses. The

@@ -187,7 +187,7 @@ func InterpretError(err error) error {
 
 // tablePattern finds pgonce's table names in generated statements. They are
 // distinctive enough that a word match cannot hit anything else.
-var tablePattern = regexp.MustCompile(`\bpgonce_(key|outbox|resolution)\b`)
+var tablePattern = regexp.MustCompile(`\bpgonce_(key|resolution)\b`)
 
 // customPlanQueries name the statements that take a batch as parallel
 // arrays. Under a prepared statement's generic plan PostgreSQL cannot see the
