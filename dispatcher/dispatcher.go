@@ -77,17 +77,35 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 		}
 	}
 
-	var background sync.WaitGroup
+	var (
+		background sync.WaitGroup
+		trailing   *time.Timer
+	)
 	listenCtx, stopListening := context.WithCancel(ctx)
 	defer func() {
 		stopListening()
 		background.Wait()
+		if trailing != nil {
+			trailing.Stop()
+		}
 	}()
 	if !d.client.Config().NotifyDisabled {
+		onNotify := signal
+		if cooldown := d.client.Config().NotifyCooldown; cooldown > 0 {
+			// Submits under a cooldown leave some keys without a
+			// notification of their own; a claim one cooldown after the
+			// last notification finds them.
+			trailing = time.AfterFunc(time.Hour, signal)
+			trailing.Stop()
+			onNotify = func() {
+				signal()
+				trailing.Reset(cooldown)
+			}
+		}
 		background.Add(1)
 		go func() {
 			defer background.Done()
-			d.listen(listenCtx, signal)
+			d.listen(listenCtx, signal, onNotify)
 		}()
 	}
 
@@ -284,12 +302,12 @@ func (d *Dispatcher[TTx]) backoff(attempt int) time.Duration {
 	return half + mathrand.N(delay-half+1)
 }
 
-// listen wakes the claim loop on every notification of new work, and
-// reconnects when its connection drops.
-func (d *Dispatcher[TTx]) listen(ctx context.Context, wake func()) {
+// listen calls onNotify on every notification of new work, and reconnects
+// when its connection drops, calling wake to catch up.
+func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
 	d.store.ListenLoop(ctx, []string{d.store.WorkChannel},
 		wake, // catch up on what arrived while not listening
-		func(*pgconn.Notification) { wake() },
+		func(*pgconn.Notification) { onNotify() },
 		func(err error, retryIn time.Duration) {
 			d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
 				"error", err, "retry_in", retryIn)

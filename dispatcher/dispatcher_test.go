@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -452,15 +453,7 @@ func TestDispatcher(t *testing.T) {
 		require.NoError(t, err)
 		start(t, d)
 
-		channel := bundle.client.Store().WorkChannel
-		listenerPID := func() int {
-			var pid int
-			err := pgoncetest.Pool(t).QueryRow(context.Background(), `
-				SELECT coalesce(max(pid), 0) FROM pg_stat_activity
-				WHERE query = 'LISTEN "`+channel+`"'`).Scan(&pid)
-			require.NoError(t, err)
-			return pid
-		}
+		listenerPID := func() int { return listenerPID(t, bundle.client) }
 		var first int
 		require.Eventually(t, func() bool { first = listenerPID(); return first != 0 }, time.Minute, 5*time.Millisecond)
 		awaitState(t, bundle.client, submit(t, bundle.client, "refund", 1), outbox.StateSucceeded)
@@ -473,6 +466,68 @@ func TestDispatcher(t *testing.T) {
 		}, time.Minute, 5*time.Millisecond)
 		awaitState(t, bundle.client, submit(t, bundle.client, "refund", 2), outbox.StateSucceeded)
 	})
+	t.Run("NotifyCooldownTrailingClaimFindsSuppressedKeys", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// A pool of the dispatcher's own, named after the schema, so that
+		// its claims can be told from other tests' statements.
+		poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+		require.NoError(t, err)
+		poolConfig.ConnConfig.RuntimeParams["application_name"] = bundle.schema
+		pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		const cooldown = 2 * time.Second
+		client, err := outbox.NewPgx(pool, outbox.Config{
+			Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown,
+		})
+		require.NoError(t, err)
+		config := fastConfig()
+		config.PollInterval = time.Hour // only notifications and the trailing claim can wake it
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		stop := start(t, d)
+		require.Eventually(t, func() bool { return listenerPID(t, client) != 0 }, time.Minute, 5*time.Millisecond)
+
+		var second outbox.Key
+		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
+			// The first submit notifies. Once its call is recorded, the
+			// freed slot makes the dispatcher claim once more, find
+			// nothing, and wait. The test reads through another pool, so
+			// that the dispatcher's connections show its last statements.
+			first := awaitState(t, bundle.client, submit(t, client, "refund", 1), outbox.StateSucceeded)
+			require.Eventually(t, func() bool {
+				var idle bool
+				require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `
+					SELECT EXISTS (
+						SELECT 1 FROM pg_stat_activity
+						WHERE application_name = $1
+							AND query LIKE '-- name: OutboxClaimBatch %'
+							AND state = 'idle'
+							AND query_start > $2
+					)`, bundle.schema, first.CompletedAt).Scan(&idle))
+				return idle
+			}, time.Minute, time.Millisecond, "the dispatcher never claimed after the first call")
+			// The second, within the cooldown, does not notify: only the
+			// claim one cooldown after the first notification can find it.
+			second = submit(t, client, "refund", 2)
+		})
+		require.Equal(t, 1, notified, "the second submit, within the cooldown, must not notify")
+		awaitState(t, bundle.client, second, outbox.StateSucceeded)
+		stop()
+	})
+}
+
+// listenerPID returns the backend pid of the connection that listens on
+// client's work channel, or 0.
+func listenerPID(t *testing.T, client *outbox.Client[pgx.Tx]) int {
+	t.Helper()
+	var pid int
+	err := pgoncetest.Pool(t).QueryRow(context.Background(), `
+		SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+		WHERE query = 'LISTEN "`+client.Store().WorkChannel+`"'`).Scan(&pid)
+	require.NoError(t, err)
+	return pid
 }
 
 func TestNewRefusesInvalidConfig(t *testing.T) {

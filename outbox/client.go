@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,10 @@ type Client[TTx any] struct {
 	driver  store.Driver[TTx]
 	store   *store.Store
 	waiters waiters
+
+	// lastNotify is when a submit last notified, in Unix nanoseconds, for
+	// [Config.NotifyCooldown].
+	lastNotify atomic.Int64
 }
 
 // New returns a client over db, which must be opened with pgx's stdlib
@@ -160,11 +165,14 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 	if call.Key != "" {
 		params.RunID, params.Step = "", 0
 	}
+	var notifyWindow *notifyWindow
 	if inFlight {
 		params.LeaseMs = ptr(c.config.Lease.Milliseconds())
 		params.Worker = ptr(c.config.WorkerID)
 	} else if !c.config.NotifyDisabled {
-		params.Channel = c.store.WorkChannel
+		if notifyWindow = c.takeNotifyWindow(); notifyWindow != nil || c.config.NotifyCooldown <= 0 {
+			params.Channel = c.store.WorkChannel
+		}
 	}
 	// A conflicting row can vanish between the insert and the read (a
 	// tombstone past its horizon, deleted); the next round then inserts.
@@ -186,6 +194,10 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 			res.RetryAfter = c.retryAfter(res.State, row.CreatedAt, row.LeaseUntil)
 			return res, row, nil
 		}
+		// Nothing was inserted, so nothing notified: give the window back
+		// for the next submit.
+		c.returnNotifyWindow(notifyWindow)
+		notifyWindow = nil
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("claim key: %w", err)
 		}
@@ -245,6 +257,33 @@ func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
 		res.State = StateExpired
 	}
 	return res
+}
+
+// notifyWindow is a notification slot taken under [Config.NotifyCooldown]:
+// the time it was taken, and the time of the one before it.
+type notifyWindow struct{ taken, previous int64 }
+
+// takeNotifyWindow returns a window when a submit may notify now under
+// [Config.NotifyCooldown], and nil when the cooldown is off or a submit
+// notified less than a cooldown ago.
+func (c *Client[TTx]) takeNotifyWindow() *notifyWindow {
+	if c.config.NotifyCooldown <= 0 {
+		return nil
+	}
+	now := time.Now().UnixNano()
+	last := c.lastNotify.Load()
+	if now-last < c.config.NotifyCooldown.Nanoseconds() || !c.lastNotify.CompareAndSwap(last, now) {
+		return nil
+	}
+	return &notifyWindow{taken: now, previous: last}
+}
+
+// returnNotifyWindow undoes w when the submit that took it did not notify,
+// unless another submit has notified since.
+func (c *Client[TTx]) returnNotifyWindow(w *notifyWindow) {
+	if w != nil {
+		c.lastNotify.CompareAndSwap(w.taken, w.previous)
+	}
 }
 
 func derefTime(t *time.Time) time.Time {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -80,6 +81,50 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.Equal(t, outbox.StatePending, got.State)
 		require.False(t, got.Created)
 		require.Positive(t, got.RetryAfter)
+	})
+
+	t.Run("EverySubmitNotifiesWithoutCooldown", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
+			for i := range 3 {
+				tx := h.begin(t, nil)
+				_, err := bundle.client.SubmitTx(t.Context(), tx, refundCall(fmt.Sprintf("run-%d", i)))
+				require.NoError(t, err)
+				require.NoError(t, h.commit(tx))
+			}
+		})
+		require.Equal(t, 3, notified)
+	})
+
+	t.Run("NotifyCooldownNotifiesOncePerCooldown", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", bundle.provider, outbox.IdempotentByKey))
+		client := h.newClient(t, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyCooldown: time.Hour})
+		// A key that exists already: its duplicate inserts nothing.
+		existing, err := bundle.client.Submit(t.Context(), refundCall("run-existing"))
+		require.NoError(t, err)
+
+		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
+			// The duplicate does not notify, and gives the window back.
+			res, err := client.Submit(t.Context(), refundCall("run-existing"))
+			require.NoError(t, err)
+			require.False(t, res.Created)
+			require.Equal(t, existing.Key, res.Key)
+			for i := range 3 {
+				tx := h.begin(t, nil)
+				res, err := client.SubmitTx(t.Context(), tx, refundCall(fmt.Sprintf("run-%d", i)))
+				require.NoError(t, err)
+				require.True(t, res.Created)
+				require.NoError(t, h.commit(tx))
+			}
+		})
+		require.Equal(t, 1, notified, "one notification per cooldown, none for the duplicate")
+
+		_, err = outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, NotifyCooldown: -time.Second})
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 	})
 
 	t.Run("RollbackLeavesNothingAndResubmitCreates", func(t *testing.T) {

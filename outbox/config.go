@@ -63,6 +63,20 @@ type Config struct {
 	// so. Defaults to false.
 	NotifyDisabled bool
 
+	// NotifyCooldown, when positive, lets this client's submits notify at
+	// most once per cooldown: a submit within the cooldown of the last one
+	// that notified does not notify. PostgreSQL serialises the commits of
+	// notifying transactions under one database-wide lock, which halves
+	// throughput under many concurrent submitters (README, "Performance").
+	// A dispatcher whose client has the same cooldown claims again one
+	// cooldown after the last notification it received, which finds the
+	// keys whose notification was left out. The price: such a key whose
+	// transaction commits later than that, or after the notifying one
+	// rolled back, waits for the dispatcher's PollInterval. Set the same
+	// cooldown on submitting and dispatching clients. Defaults to 0: every
+	// submit notifies.
+	NotifyCooldown time.Duration
+
 	// WorkerID names this process in leases, for operators. Defaults to
 	// hostname:pid.
 	WorkerID string
@@ -107,6 +121,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Lease (%s) must exceed CallTimeout (%s) by at least %s", ErrInvalidConfig, c.Lease, c.CallTimeout, LeaseMarginMin)
 	case c.Retention < 0:
 		return fmt.Errorf("%w: Retention must not be negative", ErrInvalidConfig)
+	case c.NotifyCooldown < 0:
+		return fmt.Errorf("%w: NotifyCooldown must not be negative", ErrInvalidConfig)
 	case c.TombstoneRetention < c.Retention:
 		return fmt.Errorf("%w: TombstoneRetention (%s) must be at least Retention (%s)", ErrInvalidConfig, c.TombstoneRetention, c.Retention)
 	case len(c.WorkerID) > 200:

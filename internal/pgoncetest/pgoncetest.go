@@ -255,3 +255,46 @@ func startContainer(ctx context.Context) (url string, err error) {
 	shared.container = container
 	return "postgres://postgres@" + endpoint + "/postgres?sslmode=disable", nil
 }
+
+// WorkNotifications runs fn and returns how many notifications of new work
+// it sent on schema's work channel. A listener counts them until a sentinel,
+// sent after fn on a channel of its own (so that no dispatcher wakes up for
+// it): PostgreSQL delivers notifications in commit order, so the sentinel
+// arrives after everything fn's transactions sent.
+func WorkNotifications(tb testing.TB, schema string, fn func()) int {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := Pool(tb).Acquire(ctx)
+	if err != nil {
+		tb.Fatalf("acquire a listener: %v", err)
+	}
+	defer conn.Release()
+	work, sentinel := ident.WorkChannel(schema), NewSchemaName(tb)
+	for _, channel := range []string{work, sentinel} {
+		if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(channel)); err != nil {
+			tb.Fatalf("listen: %v", err)
+		}
+	}
+	defer func() {
+		if _, err := conn.Exec(ctx, "UNLISTEN *"); err != nil {
+			tb.Errorf("unlisten: %v", err)
+		}
+	}()
+
+	fn()
+
+	if _, err := Pool(tb).Exec(ctx, "SELECT pg_notify($1, '')", sentinel); err != nil {
+		tb.Fatalf("send the sentinel: %v", err)
+	}
+	for count := 0; ; {
+		notification, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			tb.Fatalf("wait for notifications: %v", err)
+		}
+		if notification.Channel == sentinel {
+			return count
+		}
+		count++
+	}
+}
