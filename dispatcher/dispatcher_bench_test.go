@@ -38,6 +38,11 @@ const (
 	// drains: the queue size the project cares about.
 	drainRows = 100_000
 
+	// endToEndRows is how many calls one BenchmarkEndToEnd iteration
+	// submits and runs, and endToEndCallers how many goroutines submit them.
+	endToEndRows    = 20_000
+	endToEndCallers = 16
+
 	// claimRows is the batch one BenchmarkClaim iteration submits and
 	// drains: one claim's worth.
 	claimRows = 100
@@ -76,9 +81,16 @@ func (p *benchProvider) expect(n int) <-chan struct{} {
 // provider.
 func benchClient(b *testing.B, schema string, provider outbox.Provider) *outbox.Client[pgx.Tx] {
 	b.Helper()
+	return benchClientConfig(b, schema, provider, outbox.Config{})
+}
+
+// benchClientConfig is benchClient with the rest of config.
+func benchClientConfig(b *testing.B, schema string, provider outbox.Provider, config outbox.Config) *outbox.Client[pgx.Tx] {
+	b.Helper()
 	registry := outbox.NewRegistry()
 	require.NoError(b, registry.Register(benchTool, provider, outbox.IdempotentByKey))
-	client, err := outbox.NewPgx(pgoncetest.Pool(b), outbox.Config{Schema: schema, Registry: registry})
+	config.Schema, config.Registry = schema, registry
+	client, err := outbox.NewPgx(pgoncetest.Pool(b), config)
 	require.NoError(b, err)
 	return client
 }
@@ -286,6 +298,77 @@ func BenchmarkDrain(b *testing.B) {
 				b.StartTimer()
 			}
 			b.ReportMetric(float64(b.N*drainRows)/elapsed.Seconds(), "calls/s")
+		})
+	}
+}
+
+// BenchmarkEndToEnd times the whole path under load: endToEndCallers
+// goroutines submit endToEndRows calls, each in a pgx transaction of its
+// own, while one dispatcher runs them; an iteration ends when every outcome
+// is recorded. It reports calls/s with a notification per submit and with a
+// 10 ms NotifyCooldown.
+func BenchmarkEndToEnd(b *testing.B) {
+	for _, tt := range []struct {
+		name     string
+		cooldown time.Duration
+	}{
+		{name: "Notify"},
+		{name: "NotifyCooldown=10ms", cooldown: 10 * time.Millisecond},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			schema := pgoncetest.Schema(b)
+			provider := newBenchProvider()
+			client := benchClientConfig(b, schema, provider, outbox.Config{NotifyCooldown: tt.cooldown})
+			stop := benchRun(b, client, dispatcher.Config{
+				Concurrency:  benchEnvInt("PGONCE_BENCH_CONCURRENCY", 512),
+				BatchSize:    benchEnvInt("PGONCE_BENCH_BATCH", 512),
+				PollInterval: time.Second,
+			}, 1)
+			defer stop()
+			benchAwaitListening(b, schema)
+
+			ctx := context.Background()
+			pool := pgoncetest.Pool(b)
+			var elapsed time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				reached := provider.expect(endToEndRows)
+				began := time.Now()
+				var (
+					next    atomic.Int64
+					callers sync.WaitGroup
+				)
+				for range endToEndCallers {
+					callers.Go(func() {
+						for n := next.Add(1); n <= endToEndRows; n = next.Add(1) {
+							tx, err := pool.Begin(ctx)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							_, err = client.SubmitTx(ctx, tx, outbox.Call{
+								RunID: fmt.Sprintf("e2e/%d", i), Step: n, Tool: benchTool, Args: map[string]any{},
+							})
+							if err == nil {
+								err = tx.Commit(ctx)
+							}
+							if err != nil {
+								_ = tx.Rollback(ctx)
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				callers.Wait()
+				if b.Failed() {
+					b.FailNow()
+				}
+				benchAwait(b, reached, "the provider calls")
+				benchAwaitEmpty(b, schema)
+				elapsed += time.Since(began)
+			}
+			b.ReportMetric(float64(b.N*endToEndRows)/elapsed.Seconds(), "calls/s")
 		})
 	}
 }
