@@ -26,7 +26,8 @@ import (
 // A provider error wrapped with [Permanent] is stored as the key's failure and
 // replayed forever. Any other error, or a panic, leaves the key pending and
 // returns [ErrProviderFailed]: a running dispatcher retries it after
-// backoff, and so does a later Do of the same call. An uncertain error (see
+// backoff, and a later Do of the same call at once (the caller asked now, so
+// Do claims a pending key whose backoff has not elapsed). An uncertain error (see
 // [IsAmbiguous]) does the same for [IdempotentByKey] tools, makes the next
 // attempt look up first for [LookupByNaturalID] tools, and sends
 // [AtMostOnce] tools to [StateNeedsReview]. If the process dies between the

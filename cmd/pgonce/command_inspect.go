@@ -79,15 +79,11 @@ type inspectResolution struct {
 }
 
 func (e *env) inspect(ctx context.Context, key outbox.Key, asJSON bool) error {
-	c, err := e.connectMigrated(ctx)
+	c, client, err := e.migratedClient(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	client, err := c.client(outbox.Config{Logger: e.logger()})
-	if err != nil {
-		return err
-	}
 	in, err := client.Inspect(ctx, key)
 	if err != nil && !errors.Is(err, outbox.ErrExpired) {
 		return err

@@ -43,15 +43,11 @@ Progress is shown on a terminal.`,
 }
 
 func (e *env) prune(ctx context.Context, dryRun bool, batchSize int, asJSON bool) error {
-	c, err := e.connectMigrated(ctx)
+	c, client, err := e.migratedClient(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	client, err := c.client(outbox.Config{Logger: e.logger()})
-	if err != nil {
-		return err
-	}
 	progress := newProgress(e.stderr)
 	result, err := client.Prune(ctx, &outbox.PruneOpts{
 		DryRun:    dryRun,

@@ -92,15 +92,11 @@ func btoi(b bool) int {
 }
 
 func (e *env) resolve(ctx context.Context, key outbox.Key, resolution outbox.Resolution, asJSON bool) error {
-	c, err := e.connectMigrated(ctx)
+	c, client, err := e.migratedClient(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	client, err := c.client(outbox.Config{Logger: e.logger()})
-	if err != nil {
-		return err
-	}
 	res, err := client.Resolve(ctx, key, resolution)
 	if err != nil {
 		return err

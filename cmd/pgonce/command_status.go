@@ -61,15 +61,11 @@ type statusReport struct {
 }
 
 func (e *env) status(ctx context.Context, asJSON, failOnStuck bool, stuckAfter time.Duration) error {
-	c, err := e.connectMigrated(ctx)
+	c, client, err := e.migratedClient(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	client, err := c.client(outbox.Config{Logger: e.logger()})
-	if err != nil {
-		return err
-	}
 	stats, err := client.Stats(ctx)
 	if err != nil {
 		return err

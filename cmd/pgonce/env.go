@@ -83,6 +83,22 @@ func (c *conn) client(config outbox.Config) (*outbox.Client[pgx.Tx], error) {
 	return outbox.NewPgx(c.pool, config)
 }
 
+// migratedClient connects, checks that the schema is migrated, and returns
+// the connection and a client with no tools over it: what the operator
+// commands need. The caller closes the connection.
+func (e *env) migratedClient(ctx context.Context) (*conn, *outbox.Client[pgx.Tx], error) {
+	c, err := e.connectMigrated(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := c.client(outbox.Config{Logger: e.logger()})
+	if err != nil {
+		c.close()
+		return nil, nil, err
+	}
+	return c, client, nil
+}
+
 // connect opens a pool and checks that the server answers. The schema name
 // is validated first: a bad name is a usage error, whatever the database.
 func (e *env) connect(ctx context.Context) (*conn, error) {
