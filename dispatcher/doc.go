@@ -21,7 +21,7 @@
 //
 // # Outcomes
 //
-// A response is stored verbatim and the row retired; [outbox.Permanent] is
+// A response is stored verbatim and the key leaves the queue; [outbox.Permanent] is
 // stored as the failure; other errors go back to pending after an
 // exponential, jittered backoff until [Config.MaxAttempts], after which the
 // key fails with the last error. A panic is recovered and retried. After an

@@ -98,8 +98,8 @@ func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, 
 }
 
 // Submit is [Client.SubmitTx] on its own: the key claim is written by one
-// statement, which commits by itself before Submit
-// returns, so no explicit transaction (and no extra round trip) is needed.
+// statement, which commits by itself before Submit returns, so no explicit
+// transaction (and no extra round trip) is needed.
 func (c *Client[TTx]) Submit(ctx context.Context, call Call) (Result, error) {
 	d, _, err := c.prepare(call)
 	if err != nil {
@@ -146,8 +146,9 @@ func (c *Client[TTx]) prepare(call Call) (derivation, *Tool, error) {
 	return d, tool, nil
 }
 
-// claim writes the key's row, or reads the row that was there first. With inFlight the new row is claimed at once under a lease, for Do.
-// It reports whether this request created the key.
+// claim writes the key's row, or reads the row that was there first. With
+// inFlight the new row is claimed at once under a lease, for Do. It reports
+// whether this request created the key.
 func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *dbpgx.KeyInsertRow, error) {
 	params := &dbpgx.KeyInsertParams{
 		Key:         string(d.Key),
