@@ -21,10 +21,10 @@
 //
 // # Outcomes
 //
-// A response is stored verbatim and the key leaves the queue; [outbox.Permanent] is
-// stored as the failure; other errors go back to pending after an
-// exponential, jittered backoff until [Config.MaxAttempts], after which the
-// key fails with the last error. A panic is recovered and retried. After an
+// A response is stored verbatim and the key leaves the queue;
+// [outbox.Permanent] is stored as the failure; other errors go back to
+// pending after an exponential, jittered backoff until [Config.MaxAttempts],
+// after which the key fails with the last error. A panic is recovered and retried. After an
 // uncertain attempt ([outbox.IsAmbiguous]) the tool's [outbox.Delivery]
 // decides: retry with the same key, look up before writing, or send the key
 // to review. Outcomes that finish together are recorded in one statement,
