@@ -122,7 +122,7 @@ func benchRun(b *testing.B, client *outbox.Client[pgx.Tx], config dispatcher.Con
 // benchFill queues rows pending calls of benchTool in schema, with keys,
 // scopes and steps derived from prefix, and returns their keys. The rows
 // mirror what KeyInsert writes; no notification is sent.
-func benchFill(b *testing.B, schema, prefix string, rows int) []string {
+func benchFill(b *testing.B, schema, prefix, tool string, rows int) []string {
 	b.Helper()
 	ctx := context.Background()
 	quoted := ident.Quote(schema)
@@ -150,7 +150,7 @@ func benchFill(b *testing.B, schema, prefix string, rows int) []string {
 			encode(sha256(convert_to('fingerprint/' || $2::text, 'UTF8')), 'hex'),
 			'{}'::bytea
 		FROM generate_series(1, $3::bigint) AS i
-		RETURNING pgonce_key.key`, prefix, benchTool, rows)
+		RETURNING pgonce_key.key`, prefix, tool, rows)
 	require.NoError(b, err)
 	keys, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
 	require.NoError(b, err)
@@ -282,7 +282,7 @@ func BenchmarkDrain(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				b.StopTimer()
-				benchFill(b, schema, fmt.Sprintf("drain/%d", i), drainRows)
+				benchFill(b, schema, fmt.Sprintf("drain/%d", i), benchTool, drainRows)
 				benchAnalyze(b, schema)
 				reached := provider.expect(drainRows)
 				b.StartTimer()
@@ -376,18 +376,21 @@ func BenchmarkEndToEnd(b *testing.B) {
 // BenchmarkClaim times the dispatch of one batch of claimRows rows, from
 // the notification that wakes a waiting dispatcher to the commit of the
 // last outcome, while the key table also holds 10 thousand or 1 million
-// finished keys. Claims read only the partial index of due keys, whose size
-// does not change, so ns/row should not either. Each fixture is built once per process and
-// shared by every -count; the batch's keys are deleted after each
-// iteration, so that the key table keeps its size.
+// finished keys, or 100 thousand due keys of a tool no dispatcher serves.
+// Claims read only the served tool's part of the partial index of due keys,
+// whose size does not change, so ns/row should not either. Each fixture is
+// built once per process and shared by every -count; the batch's keys are
+// deleted after each iteration, so that the key table keeps its size.
 func BenchmarkClaim(b *testing.B) {
 	parent := b
 	for _, tt := range []struct {
 		name     string
 		finished int
+		unserved int
 	}{
 		{name: "Finished=10k", finished: 10_000},
 		{name: "Finished=1M", finished: 1_000_000},
+		{name: "Finished=10k/Unserved=100k", finished: 10_000, unserved: 100_000},
 	} {
 		var (
 			once   sync.Once
@@ -402,6 +405,9 @@ func BenchmarkClaim(b *testing.B) {
 				defer cancel()
 				require.NoError(b, migrations.Up(ctx, pgoncetest.DB(b), name))
 				benchFinished(b, name, tt.finished)
+				if tt.unserved > 0 {
+					benchFill(b, name, "unserved", "unserved", tt.unserved)
+				}
 				benchAnalyze(b, name)
 				schema = name
 			})
@@ -428,7 +434,7 @@ func BenchmarkClaim(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				b.StopTimer()
-				keys := benchFill(b, schema, fmt.Sprintf("claim/%d/%d", run, i), claimRows)
+				keys := benchFill(b, schema, fmt.Sprintf("claim/%d/%d", run, i), benchTool, claimRows)
 				reached := provider.expect(claimRows)
 				b.StartTimer()
 

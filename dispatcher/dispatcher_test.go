@@ -389,6 +389,48 @@ func TestDispatcher(t *testing.T) {
 		require.Zero(t, res.Attempts)
 	})
 
+	t.Run("ServedToolsDrainPastAnUnservedBacklog", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// This process serves refund and provision; 200 emails, due
+		// first, wait for another.
+		served := outbox.NewRegistry()
+		require.NoError(t, served.Register("refund", bundle.ledger, outbox.IdempotentByKey))
+		require.NoError(t, served.Register("provision", bundle.ledger, outbox.LookupByNaturalID))
+		narrow, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: served})
+		require.NoError(t, err)
+		emails := make([]outbox.Key, 0, 200)
+		for i := range 200 {
+			emails = append(emails, submit(t, bundle.client, "email", int64(i)))
+		}
+		var keys []outbox.Key
+		for i := range 40 {
+			tool := "refund"
+			if i%2 == 1 {
+				tool = "provision"
+			}
+			keys = append(keys, submit(t, bundle.client, tool, int64(1000+i)))
+		}
+		config := fastConfig()
+		config.Concurrency, config.BatchSize = 8, 8 // many claims, each over both tools
+		d, err := dispatcher.New(narrow, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		for _, key := range keys {
+			awaitState(t, bundle.client, key, outbox.StateSucceeded)
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, "key %s", key)
+			require.Equal(t, 1, effects, "key %s", key)
+		}
+		for _, key := range emails {
+			res, err := bundle.client.Get(t.Context(), key)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatePending, res.State)
+			require.Zero(t, res.Attempts)
+		}
+	})
+
 	t.Run("ShutdownLetsCallsInFlightFinish", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

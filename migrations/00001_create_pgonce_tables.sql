@@ -70,9 +70,10 @@ CREATE TABLE pgonce_key (
     -- 25-30 microseconds per submit, an eighth of its statement.
 );
 
--- Claiming reads the head of this index, whatever the number of finished
--- keys.
-CREATE INDEX pgonce_key_due_idx ON pgonce_key (available_at) WHERE state = 'open' AND lease_until IS NULL;
+-- Claiming reads the head of this index for each tool it serves, whatever
+-- the number of finished keys, and whatever waits for tools it does not
+-- serve.
+CREATE INDEX pgonce_key_due_idx ON pgonce_key (tool, available_at) WHERE state = 'open' AND lease_until IS NULL;
 -- The reconciler reads expired leases from this one.
 CREATE INDEX pgonce_key_lease_idx ON pgonce_key (lease_until) WHERE lease_until IS NOT NULL;
 -- Retention reads finished keys and tombstones past their horizon here.

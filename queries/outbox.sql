@@ -2,20 +2,32 @@
 -- in-flight key has one. These statements are the queue's, over pgonce_key.
 
 -- name: OutboxClaimBatch :many
--- OutboxClaimBatch claims up to max due pending keys of the given tools: it
--- marks them in flight under a lease that ends by the database clock, and
--- returns what the provider call needs. SKIP LOCKED lets any number of
--- dispatchers claim side by side without waiting on each other.
+-- OutboxClaimBatch claims up to max due pending keys of the given tools,
+-- longest due first: it marks them in flight under a lease that ends by the
+-- database clock, and returns what the provider call needs. SKIP LOCKED lets
+-- any number of dispatchers claim side by side without waiting on each
+-- other. Each tool is read from its own part of the due index, so keys of
+-- tools this dispatcher does not serve cost it nothing however many wait.
+-- Keys locked for one tool but beyond the batch are released when the
+-- statement commits.
 WITH due AS (
-    SELECT pgonce_key.key
-    FROM pgonce_key
-    WHERE pgonce_key.state = 'open'
-        AND pgonce_key.lease_until IS NULL
-        AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
-        AND pgonce_key.tool = any(@tools::text[])
-    ORDER BY pgonce_key.available_at
+    SELECT candidate.key
+    FROM unnest(@tools::text[]) AS served (tool)
+    CROSS JOIN LATERAL (
+        SELECT
+            pgonce_key.key,
+            pgonce_key.available_at
+        FROM pgonce_key
+        WHERE pgonce_key.tool = served.tool
+            AND pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+            AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+        ORDER BY pgonce_key.available_at
+        LIMIT @max_rows::integer
+        FOR UPDATE SKIP LOCKED
+    ) AS candidate
+    ORDER BY candidate.available_at
     LIMIT @max_rows::integer
-    FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
     UPDATE pgonce_key

@@ -13,23 +13,31 @@ import (
 const outboxClaimBatch = `-- name: OutboxClaimBatch :many
 
 WITH due AS (
-    SELECT pgonce_key.key
-    FROM pgonce_key
-    WHERE pgonce_key.state = 'open'
-        AND pgonce_key.lease_until IS NULL
-        AND pgonce_key.available_at <= coalesce($1::timestamptz, now())
-        AND pgonce_key.tool = any($2::text[])
-    ORDER BY pgonce_key.available_at
+    SELECT candidate.key
+    FROM unnest($1::text[]) AS served (tool)
+    CROSS JOIN LATERAL (
+        SELECT
+            pgonce_key.key,
+            pgonce_key.available_at
+        FROM pgonce_key
+        WHERE pgonce_key.tool = served.tool
+            AND pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+            AND pgonce_key.available_at <= coalesce($2::timestamptz, now())
+        ORDER BY pgonce_key.available_at
+        LIMIT $3::integer
+        FOR UPDATE SKIP LOCKED
+    ) AS candidate
+    ORDER BY candidate.available_at
     LIMIT $3::integer
-    FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
     UPDATE pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
-        lease_until = coalesce($1::timestamptz, now()) + $4::bigint * interval '1 millisecond',
+        lease_until = coalesce($2::timestamptz, now()) + $4::bigint * interval '1 millisecond',
         worker = $5::text,
-        first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now())
+        first_attempted_at = coalesce(pgonce_key.first_attempted_at, $2::timestamptz, now())
     FROM due
     WHERE pgonce_key.key = due.key
     RETURNING
@@ -56,8 +64,8 @@ ORDER BY claimed.key
 `
 
 type OutboxClaimBatchParams struct {
-	Now     *time.Time
 	Tools   []string
+	Now     *time.Time
 	MaxRows int32
 	LeaseMs int64
 	Worker  string
@@ -76,14 +84,18 @@ type OutboxClaimBatchRow struct {
 
 // The outbox is the set of open keys: a pending key has no lease, an
 // in-flight key has one. These statements are the queue's, over pgonce_key.
-// OutboxClaimBatch claims up to max due pending keys of the given tools: it
-// marks them in flight under a lease that ends by the database clock, and
-// returns what the provider call needs. SKIP LOCKED lets any number of
-// dispatchers claim side by side without waiting on each other.
+// OutboxClaimBatch claims up to max due pending keys of the given tools,
+// longest due first: it marks them in flight under a lease that ends by the
+// database clock, and returns what the provider call needs. SKIP LOCKED lets
+// any number of dispatchers claim side by side without waiting on each
+// other. Each tool is read from its own part of the due index, so keys of
+// tools this dispatcher does not serve cost it nothing however many wait.
+// Keys locked for one tool but beyond the batch are released when the
+// statement commits.
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClaimBatchParams) ([]*OutboxClaimBatchRow, error) {
 	rows, err := db.Query(ctx, outboxClaimBatch,
-		arg.Now,
 		arg.Tools,
+		arg.Now,
 		arg.MaxRows,
 		arg.LeaseMs,
 		arg.Worker,
