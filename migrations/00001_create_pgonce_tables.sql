@@ -9,7 +9,7 @@
 -- dropped, the key, scope and completion time kept), which still holds the
 -- key's unique index entries, so a late duplicate finds it and nothing runs
 -- again; the tombstone is deleted after its own horizon. One row per call,
--- not a key row and a queue row, halves what a submit writes.
+-- not a key row and a queue row, halves the rows a submit writes.
 CREATE TABLE pgonce_key (
     key text PRIMARY KEY,
     -- scope identifies the logical action (tenant + run + step, or tenant +
@@ -63,11 +63,11 @@ CREATE TABLE pgonce_key (
     -- needs_review, expired; a response exactly when succeeded, a failure
     -- exactly when failed; completed_at exactly when succeeded, failed or
     -- expired; a lease and a worker together, and only while open) are kept
-    -- by the statements in queries/, the only writers, and checked by the
-    -- tests after every race. They are not CHECK constraints on purpose:
-    -- PostgreSQL prepares every CHECK expression again for each statement,
-    -- and for the single-row insert that a submit is, five of them cost
-    -- 25-30 microseconds per submit, an eighth of its statement.
+    -- by the statements in queries/, the only writers, and checked on every
+    -- test's schema before it is dropped. They are not CHECK constraints on
+    -- purpose: PostgreSQL prepares every CHECK expression again for each
+    -- statement, and for the single-row insert that a submit is, five of
+    -- them cost 25-30 microseconds, an eighth of the statement.
 );
 
 -- Claiming reads the head of this index for each tool it serves, whatever
