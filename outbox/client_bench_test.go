@@ -20,7 +20,8 @@ import (
 
 // The benchmarks run one caller at a time against the test database, so
 // that they measure latency: round trips, planning and the commit's WAL
-// flush; BenchmarkSubmitTxParallel measures many callers at once. Each sub-benchmark has a schema of its own.
+// flush; BenchmarkSubmitTxParallel measures many callers at once. Each
+// sub-benchmark has a schema of its own.
 
 // benchArgs are the arguments of every benchmarked call, already canonical.
 var benchArgs = json.RawMessage(`{"amount":"42.00","currency":"EUR","order_id":"ord_8842","reason":"damaged on arrival"}`)
@@ -101,8 +102,9 @@ func BenchmarkSubmitTx(b *testing.B) {
 // bareInsert is the baseline of the SubmitTx benchmarks: a plain table with
 // the columns of a call and a primary key, and one row written to it.
 type bareInsert[TTx any] struct {
-	d      benchDriver[TTx]
-	insert string
+	d           benchDriver[TTx]
+	insert      string
+	fingerprint string
 }
 
 func newBareInsert[TTx any](b *testing.B, d benchDriver[TTx]) *bareInsert[TTx] {
@@ -122,9 +124,9 @@ func newBareInsert[TTx any](b *testing.B, d benchDriver[TTx]) *bareInsert[TTx] {
 		created_at timestamptz NOT NULL DEFAULT now()
 	)`)
 	require.NoError(b, err)
-	return &bareInsert[TTx]{d: d, insert: `INSERT INTO ` + table +
-		` (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`}
+	insert := `INSERT INTO ` + table + ` (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+	return &bareInsert[TTx]{d: d, insert: insert, fingerprint: fmt.Sprintf("%064x", 42)}
 }
 
 // tx runs the i-th baseline transaction: begin, insert, commit. Its strings
@@ -136,7 +138,7 @@ func (bi *bareInsert[TTx]) tx(ctx context.Context, b *testing.B, i int) {
 		b.Fatal(err)
 	}
 	if err := bi.d.exec(ctx, tx, bi.insert, fmt.Sprintf("k1_%064d", i), fmt.Sprintf("s1_%064d", i), "",
-		fmt.Sprintf("run_%010d", i), int64(3), "", "refund", "", fmt.Sprintf("%064x", 42), []byte(benchArgs)); err != nil {
+		fmt.Sprintf("run_%010d", i), int64(3), "", "refund", "", bi.fingerprint, []byte(benchArgs)); err != nil {
 		b.Fatal(err)
 	}
 	if err := bi.d.commit(ctx, tx); err != nil {

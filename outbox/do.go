@@ -27,9 +27,9 @@ import (
 // replayed forever. Any other error, or a panic, leaves the key pending and
 // returns [ErrProviderFailed]: a running dispatcher retries it after
 // backoff, and a later Do of the same call at once (the caller asked now, so
-// Do claims a pending key whose backoff has not elapsed). An uncertain error (see
-// [IsAmbiguous]) does the same for [IdempotentByKey] tools, makes the next
-// attempt look up first for [LookupByNaturalID] tools, and sends
+// Do claims a pending key whose backoff has not elapsed). An uncertain error
+// (see [IsAmbiguous]) does the same for [IdempotentByKey] tools, makes the
+// next attempt look up first for [LookupByNaturalID] tools, and sends
 // [AtMostOnce] tools to [StateNeedsReview]. If the process dies between the
 // claim and the record, the key stays in flight until its lease expires and
 // the reconciler resolves it.
