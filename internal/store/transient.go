@@ -1,0 +1,57 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// IsTransient reports whether err is a failure that the same statement may
+// survive when it runs again on another connection: the connection was lost
+// or could not be had (a killed backend, a restarting or unreachable server,
+// a network cut, a statement deadline), or PostgreSQL refused for the
+// moment (too many connections, a serialization failure, a deadlock). The
+// caller's own context being done is not transient: nothing retries for a
+// caller who left. Errors in the statement or its data (a missing table, a
+// bad value) are not transient either.
+func IsTransient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"): // connection exception
+			return true
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // admin/crash shutdown, cannot connect now
+			return true
+		case pgErr.Code == "53300": // too many connections
+			return true
+		case pgErr.Code == "40001", pgErr.Code == "40P01":
+			return true
+		}
+		return false
+	}
+	if errors.Is(err, ErrSerialization) {
+		return true
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.As(err, &connectErr), errors.As(err, &netErr),
+		pgconn.SafeToRetry(err), pgconn.Timeout(err):
+		return true
+	}
+	// pgx reports a connection it had to close, or one that closed under
+	// it, without a typed error.
+	msg := err.Error()
+	return strings.Contains(msg, "conn closed") || strings.Contains(msg, "conn busy") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
+		strings.Contains(msg, "unexpected EOF")
+}
