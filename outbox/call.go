@@ -34,9 +34,11 @@ type Call struct {
 	// Args are the tool's arguments. They must be JSON-serialisable and are
 	// canonicalised per RFC 8785 as [Canonicalize] describes: a
 	// [json.RawMessage] or []byte is taken as JSON text, anything else is
-	// marshalled. nil means JSON null. Numbers must be exactly representable
-	// as float64 values (send big ids and decimal money as strings);
-	// otherwise [DeriveKey] returns an error matching [ErrNotCanonical].
+	// marshalled. nil means JSON null. Numbers must keep their value when
+	// canonicalised, which writes the nearest float64 in its shortest
+	// round-trip form: 9007199254740993 and 2^60 do not, and [DeriveKey]
+	// refuses them with an error matching [ErrNotCanonical]. Send big ids
+	// and decimal money as strings.
 	Args any
 
 	// Key is an optional explicit business key, such as an order id for a

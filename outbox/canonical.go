@@ -75,7 +75,7 @@ func Canonicalize(v any) ([]byte, error) {
 // canonState holds the reusable buffers of one canonicalisation. It is not
 // safe for concurrent use; get one from the pool per call.
 type canonState struct {
-	strict  bool     // key number policy: refuse literals a float64 cannot hold exactly
+	strict  bool     // key number policy: refuse literals that canonicalise to another value
 	text    []byte   // JSON text produced from a Go value
 	out     []byte   // canonical output
 	scratch []byte   // object member reordering
@@ -935,13 +935,13 @@ func (p *parser) number(out []byte) ([]byte, error) {
 	lit := p.data[start:end]
 	f, err := strconv.ParseFloat(string(lit), 64)
 	if err != nil || math.IsInf(f, 0) {
-		return out, &NotCanonicalError{Reason: fmt.Sprintf("number %s is out of float64 range", quoteShort(string(lit)))}
+		return out, &NotCanonicalError{Reason: fmt.Sprintf("number %s is out of float64 range (it rounds to %v)", quoteShort(string(lit)), f)}
 	}
 	n := len(out)
 	out = appendES6Number(out, f)
 	if p.st.strict && !sameDecimal(lit, out[n:], &p.st.digits) {
 		return out, &NotCanonicalError{Reason: fmt.Sprintf(
-			"number %s is not exactly a float64 (it would become %s); send exact values as strings",
+			"number %s would become %s, a different value; send exact values as strings",
 			quoteShort(string(lit)), out[n:])}
 	}
 	return out, nil

@@ -10,8 +10,9 @@ import (
 // or breaks the key number policy: NaN or infinite numbers, number literals
 // out of float64 range, invalid UTF-8, lone surrogates, duplicate object
 // member names, nesting deeper than [CanonicalMaxDepth], input larger than
-// [CanonicalMaxBytes], text that is not JSON, and (for keys only) numbers that
-// do not survive a float64 round trip. Match it with [errors.Is].
+// [CanonicalMaxBytes], text that is not JSON, and (for keys only) numbers
+// whose canonical form is a different value, such as 9007199254740993 and
+// 2^60. Match it with [errors.Is].
 var ErrNotCanonical = errors.New("not canonical")
 
 // ErrInvalidCall is returned (wrapped in an [*InvalidCallError]) by
@@ -28,9 +29,9 @@ var ErrInvalidKey = errors.New("invalid key")
 // matches [ErrNotCanonical] under [errors.Is].
 type NotCanonicalError struct {
 	// Path locates the offending value as a JSONPath-like expression rooted
-	// at "$", e.g. "$.items[2].amount". Member names that are not simple
-	// identifiers are written as quoted JSON strings in brackets:
-	// `$["a b"]`.
+	// at "$", e.g. "$.items[2].amount". Member names that are not ASCII
+	// identifiers ([A-Za-z_][A-Za-z0-9_]*) are written in brackets, quoted
+	// as [strconv.Quote] does: `$["a b"]`, `$["é"]`, `$["\x01"]`.
 	Path string
 
 	// Reason says which rule the value breaks, e.g. "duplicate member name".

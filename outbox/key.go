@@ -85,8 +85,11 @@ func ParseKey(s string) (Key, error) {
 // DeriveKey returns an error matching [ErrInvalidCall] when c breaks a
 // validation rule (see [Call]), and one matching [ErrNotCanonical] when the
 // arguments have no canonical form (see [Canonicalize]) or hold a number
-// literal that a float64 cannot represent exactly, such as 9007199254740993
-// or 0.1000000000000000055511151231257827: such literals are refused rather
+// whose canonical form is a different value: canonical form writes the
+// nearest float64 in its shortest round-trip digits, so 9007199254740993
+// would become 9007199254740992, 0.1000000000000000055511151231257827 would
+// become 0.1, and 2^60 (1152921504606846976), although a float64 holds it
+// exactly, would become 1152921504606847000. Such numbers are refused rather
 // than rounded, because two different values must never share a key. Send
 // big integer ids and exact decimal amounts as strings. 1, 1.0 and 1e0 are
 // the same value and derive the same key.

@@ -242,11 +242,13 @@ func TestDeriveKeyRefusesArgs(t *testing.T) {
 		{"PositiveInfinity", map[string]any{"amount": math.Inf(1)}, "$.amount", "+Inf"},
 		{"NegativeInfinity", map[string]any{"amount": math.Inf(-1)}, "$.amount", "-Inf"},
 		{"BigIntegerLiteral", json.RawMessage(`{"items":[1,2,{"amount":9007199254740993}]}`), "$.items[2].amount", "would become 9007199254740992"},
-		{"BigGoInt64", map[string]any{"id": int64(9007199254740993)}, "$.id", "not exactly a float64"},
-		{"BigGoUint64", map[string]any{"id": uint64(math.MaxUint64)}, "$.id", "not exactly a float64"},
+		{"BigGoInt64", map[string]any{"id": int64(9007199254740993)}, "$.id", "would become"},
+		{"BigGoUint64", map[string]any{"id": uint64(math.MaxUint64)}, "$.id", "would become"},
+		{"TwoPow60Literal", json.RawMessage(`{"id":1152921504606846976}`), "$.id", "would become 1152921504606847000"},
+		{"TwoPow60GoInt64", map[string]any{"id": int64(1 << 60)}, "$.id", "would become 1152921504606847000"},
 		{"OverPreciseDecimal", json.RawMessage(`[0.1000000000000000055511151231257827]`), "$[0]", "would become 0.1"},
 		{"Underflow", json.RawMessage(`{"x":1e-400}`), "$.x", "would become 0"},
-		{"OutOfRange", json.RawMessage(`{"x":1e400}`), "$.x", "out of float64 range"},
+		{"OutOfRange", json.RawMessage(`{"x":1e400}`), "$.x", "out of float64 range (it rounds to +Inf)"},
 		{"InvalidUTF8String", map[string]any{"s": "\xff"}, "$.s", "invalid UTF-8"},
 		{"InvalidUTF8Raw", json.RawMessage("[\"\xff\"]"), "$[0]", "invalid UTF-8"},
 		{"LoneSurrogate", json.RawMessage(`{"s":"\ud800"}`), "$.s", "lone surrogate"},
@@ -288,6 +290,7 @@ func TestDeriveKeyRefusesArgs(t *testing.T) {
 			"0", "-0", "0.0", "0e10", "1", "1.0", "1.000e0", "10e-1", "4.2e1", "42E+0", "-1.5",
 			"0.1", "1e21", "1e-7", "9007199254740992", "123456789012345680000", "5e-324",
 			"1.7976931348623157e308", "0.000001", "100", "1e2", "0.001e3",
+			"18014398509481984", "1000000000000000000", "1000000000000000000000",
 		} {
 			c := refundCall()
 			c.Args = json.RawMessage(lit)
