@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,64 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 )
-
-// keyVector is one entry of testdata/keys/v1.json at the repository root.
-type keyVector struct {
-	Name string `json:"name"`
-	Call struct {
-		Tenant    string `json:"tenant"`
-		RunID     string `json:"run_id"`
-		Step      int64  `json:"step"`
-		Tool      string `json:"tool"`
-		ArgsJSON  string `json:"args_json"`
-		Key       string `json:"key"`
-		NaturalID string `json:"natural_id"`
-	} `json:"call"`
-	CanonicalArgs string `json:"canonical_args"`
-	Key           string `json:"key"`
-	Scope         string `json:"scope"`
-	Fingerprint   string `json:"fingerprint"`
-}
-
-func TestDeriveKeyGoldenVectors(t *testing.T) {
-	t.Parallel()
-
-	data, err := os.ReadFile(filepath.Join("..", "testdata", "keys", "v1.json"))
-	require.NoError(t, err)
-	var vectors []keyVector
-	require.NoError(t, json.Unmarshal(data, &vectors))
-	require.GreaterOrEqual(t, len(vectors), 10)
-
-	for _, vec := range vectors {
-		t.Run(vec.Name, func(t *testing.T) {
-			t.Parallel()
-
-			call := Call{
-				Tenant:    vec.Call.Tenant,
-				RunID:     vec.Call.RunID,
-				Step:      vec.Call.Step,
-				Tool:      vec.Call.Tool,
-				Args:      json.RawMessage(vec.Call.ArgsJSON),
-				Key:       vec.Call.Key,
-				NaturalID: vec.Call.NaturalID,
-			}
-			d, err := derive(call)
-			require.NoError(t, err)
-			require.Equal(t, vec.CanonicalArgs, string(d.Args))
-			require.Equal(t, vec.Key, string(d.Key))
-			require.Equal(t, vec.Scope, d.Scope)
-			require.Equal(t, vec.Fingerprint, d.Fingerprint)
-
-			key, err := DeriveKey(call)
-			require.NoError(t, err)
-			require.Equal(t, d.Key, key)
-
-			parsed, err := ParseKey(vec.Key)
-			require.NoError(t, err)
-			require.Equal(t, key, parsed)
-		})
-	}
-}
 
 func refundCall() Call {
 	return Call{
