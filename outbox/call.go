@@ -1,5 +1,7 @@
 package outbox
 
+import "reflect"
+
 // Call describes one intended side-effecting action: the thing that must
 // happen exactly once however often it is asked for. Every attempt of the
 // same intended action must describe it with the same Call, so that it
@@ -53,4 +55,19 @@ type Call struct {
 	// happened. It is passed to the provider and does not affect the key. At
 	// most [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
 	NaturalID string
+}
+
+// isNilTx reports whether tx is nil: a nil interface (pgx.Tx) or a nil
+// pointer (*sql.Tx), including a nil pointer inside a pgx.Tx, whose methods
+// would panic.
+func isNilTx(tx any) bool {
+	if tx == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(tx); v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	default:
+		return false
+	}
 }

@@ -88,7 +88,11 @@ func (c *Client[TTx]) Store() *store.Store { return c.store }
 // REPEATABLE READ or SERIALIZABLE, PostgreSQL aborts the waiter instead, and
 // SubmitTx returns [ErrSerialization]: roll back and retry the transaction.
 // After any error the caller's transaction may be aborted; roll it back.
+// A nil tx returns [ErrInvalidTx].
 func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, error) {
+	if isNilTx(tx) {
+		return Result{}, ErrInvalidTx
+	}
 	d, _, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err

@@ -4,11 +4,46 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
+
+func TestSubmitTxRefusesNilTransaction(t *testing.T) {
+	t.Parallel()
+
+	setup := func(t *testing.T) (outbox.Config, string) {
+		t.Helper()
+		schema := pgoncetest.Schema(t)
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
+		return outbox.Config{Schema: schema, Registry: registry}, schema
+	}
+
+	t.Run("Pgx", func(t *testing.T) {
+		t.Parallel()
+		config, schema := setup(t)
+		client := pgxHarness().newClient(t, config)
+		before := tableHashes(t, schema)
+		for _, tx := range []pgx.Tx{nil, (*pgxpool.Tx)(nil)} {
+			_, err := client.SubmitTx(t.Context(), tx, refundCall("run-nil"))
+			require.ErrorIs(t, err, outbox.ErrInvalidTx)
+		}
+		require.Equal(t, before, tableHashes(t, schema))
+	})
+	t.Run("DatabaseSQL", func(t *testing.T) {
+		t.Parallel()
+		config, schema := setup(t)
+		client := stdHarness().newClient(t, config)
+		before := tableHashes(t, schema)
+		_, err := client.SubmitTx(t.Context(), nil, refundCall("run-nil"))
+		require.ErrorIs(t, err, outbox.ErrInvalidTx)
+		require.Equal(t, before, tableHashes(t, schema))
+	})
+}
 
 func TestClientRefusesNULBeforeSQL(t *testing.T) {
 	t.Parallel()

@@ -56,6 +56,11 @@ var ErrNotPgxStdlib = store.ErrNotPgxStdlib
 // winner's key.
 var ErrSerialization = store.ErrSerialization
 
+// ErrInvalidTx is returned by [Client.SubmitTx] for a nil transaction: a nil
+// *sql.Tx or pgx.Tx. Nothing is written; pass the transaction the call
+// belongs to, or use [Client.Submit] to write in a transaction of its own.
+var ErrInvalidTx = errors.New("invalid transaction: SubmitTx needs the caller's open transaction, got nil")
+
 // ErrProviderFailed is returned by [Client.Do] when the provider failed in a
 // way that may be retried. The key stays pending: a dispatcher or a later Do
 // retries it.
