@@ -110,7 +110,7 @@ func badCalls() []struct {
 	return rows
 }
 
-// badKeys are keys that Get, Wait and Resolve must refuse unread.
+// badKeys are keys that Get, Wait, Inspect and Resolve must refuse unread.
 var badKeys = []struct{ name, key string }{
 	{"Empty", ""},
 	{"PrefixOnly", "k1_"},
@@ -178,6 +178,10 @@ func testBadInput[TTx any](t *testing.T, h driverHarness[TTx]) {
 			}},
 			row{name: "WaitKey" + bad.name, want: outbox.ErrInvalidKey, run: func(ctx context.Context, _ TTx) error {
 				_, err := client.Wait(ctx, key)
+				return err
+			}},
+			row{name: "InspectKey" + bad.name, want: outbox.ErrInvalidKey, run: func(ctx context.Context, _ TTx) error {
+				_, err := client.Inspect(ctx, key)
 				return err
 			}},
 			row{name: "ResolveKey" + bad.name, want: outbox.ErrInvalidKey, run: func(ctx context.Context, _ TTx) error {
