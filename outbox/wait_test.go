@@ -159,6 +159,27 @@ func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 		require.NoError(t, ctx.Err(), "Wait retried a definitive error until ctx was done")
 	})
 
+	t.Run("Expired", func(t *testing.T) {
+		t.Parallel()
+		schema := pgoncetest.Schema(t)
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+		require.NoError(t, err)
+		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
+		require.NoError(t, err)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+schema+`".pgonce_key
+			SET state = 'expired', response = NULL, args = '' WHERE key = $1`, string(done.Key))
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		got, err := client.Wait(ctx, done.Key)
+		require.ErrorIs(t, err, outbox.ErrExpired)
+		require.Equal(t, outbox.StateExpired, got.State)
+		require.NoError(t, ctx.Err())
+	})
+
 	t.Run("ServerUnreachableUntilCtxDone", func(t *testing.T) {
 		t.Parallel()
 		// Nothing listens on port 1: every read fails to connect, which
