@@ -41,6 +41,19 @@ test: ## Run the tests against PostgreSQL (see README: PGONCE_TEST_DATABASE_URL)
 test/short: ## Run the tests without the race detector
 	go test -count=1 ./...
 
+# Each fuzz target runs for FUZZTIME; plain `go test` runs only the seed
+# corpora in testdata/fuzz, which is what CI does.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := ./outbox:FuzzCanonicalize ./outbox:FuzzDeriveKeyRespelling ./outbox:FuzzSubmit
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FuzzSubmit needs PostgreSQL)
+	@set -e; for target in $(FUZZ_TARGETS); do \
+		pkg=$${target%%:*}; name=$${target#*:}; \
+		echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
+		go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	done
+
 .PHONY: bench
 bench: ## Run the benchmarks, 6 counts each, for benchstat
 	go test -run='^$$' -bench=. -benchmem -count=6 -timeout=60m ./... | tee bench.txt

@@ -1,5 +1,7 @@
 package outbox
 
+import "reflect"
+
 // Call describes one intended side-effecting action: the thing that must
 // happen exactly once however often it is asked for. Every attempt of the
 // same intended action must describe it with the same Call, so that it
@@ -12,12 +14,13 @@ package outbox
 type Call struct {
 	// Tenant is an optional namespace. Keys of different tenants never
 	// collide, even with equal other fields. At most [CallStringMaxBytes]
-	// bytes of valid UTF-8.
+	// bytes of valid UTF-8, without NUL bytes (PostgreSQL text cannot hold
+	// them).
 	Tenant string
 
 	// RunID names the run, workflow or request that owns the action.
 	// Required unless Key is set, and then ignored. At most
-	// [CallStringMaxBytes] bytes of valid UTF-8.
+	// [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
 	RunID string
 
 	// Step is the logical step of the action within its run. One step is one
@@ -46,12 +49,27 @@ type Call struct {
 	// action is identified by Tenant, Tool and Key, and Args are checked by
 	// fingerprint rather than hashed into the key, so reusing a business key
 	// with different arguments is a conflict instead of a new action. At
-	// most [CallStringMaxBytes] bytes of valid UTF-8.
+	// most [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
 	Key string
 
 	// NaturalID is an optional deterministic id for providers that cannot
 	// deduplicate on our key but can be asked whether an action with this id
 	// happened. It is passed to the provider and does not affect the key. At
-	// most [CallStringMaxBytes] bytes of valid UTF-8.
+	// most [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
 	NaturalID string
+}
+
+// isNilTx reports whether tx is nil: a nil interface (pgx.Tx) or a nil
+// pointer (*sql.Tx), including a nil pointer inside a pgx.Tx, whose methods
+// would panic.
+func isNilTx(tx any) bool {
+	if tx == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(tx); v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	default:
+		return false
+	}
 }

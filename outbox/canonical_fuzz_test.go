@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -66,23 +67,37 @@ func FuzzCanonicalize(f *testing.F) {
 	})
 }
 
-// FuzzDeriveKeyRespelling checks that the key of any argument text that keys
-// accept equals the key of its canonical form, a respelling of it.
+// FuzzDeriveKeyRespelling checks that one canonical value never has two
+// keys: the key of any argument text that keys accept equals the key of
+// its canonical form, of an indented spelling of it, and of the Go value it
+// decodes to, for step and business calls alike.
 func FuzzDeriveKeyRespelling(f *testing.F) {
 	addFuzzSeeds(f)
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		call := Call{RunID: "run", Step: 1, Tool: "fuzz", Args: json.RawMessage(data)}
-		key, err := DeriveKey(call)
-		if err != nil {
-			require.ErrorIs(t, err, ErrNotCanonical)
-			return
+		for _, call := range []Call{
+			{RunID: "run", Step: 1, Tool: "fuzz", Args: json.RawMessage(data)},
+			{Tenant: "acme", Key: "order-1", Tool: "fuzz", Args: json.RawMessage(data)},
+		} {
+			want, err := deriveCall(call, true)
+			if err != nil {
+				require.ErrorIs(t, err, ErrNotCanonical)
+				return
+			}
+			canonical, err := Canonicalize(json.RawMessage(data))
+			require.NoError(t, err)
+			var indented bytes.Buffer
+			require.NoError(t, json.Indent(&indented, data, "", "\t"))
+			var decoded any
+			require.NoError(t, json.Unmarshal(data, &decoded))
+
+			for _, respelled := range []any{json.RawMessage(canonical), json.RawMessage(indented.Bytes()), decoded} {
+				call.Args = respelled
+				got, err := deriveCall(call, true)
+				require.NoError(t, err)
+				require.Equal(t, want.Key, got.Key, "two keys for %q", canonical)
+				require.Equal(t, want.Fingerprint, got.Fingerprint, "two fingerprints for %q", canonical)
+			}
 		}
-		canonical, err := Canonicalize(json.RawMessage(data))
-		require.NoError(t, err)
-		call.Args = json.RawMessage(canonical)
-		again, err := DeriveKey(call)
-		require.NoError(t, err)
-		require.Equal(t, key, again)
 	})
 }

@@ -87,8 +87,18 @@ func (c *Client[TTx]) Store() *store.Store { return c.store }
 // sees the winner's key (or wins, if the other rolled back). Under
 // REPEATABLE READ or SERIALIZABLE, PostgreSQL aborts the waiter instead, and
 // SubmitTx returns [ErrSerialization]: roll back and retry the transaction.
-// After any error the caller's transaction may be aborted; roll it back.
+//
+// Validation errors ([ErrInvalidCall], [ErrNotCanonical], [ErrUnknownTool])
+// and [ErrInvalidTx], for a nil tx, are returned before any SQL runs and
+// leave tx as it was. A tx already committed or rolled back returns
+// [ErrTxDone], one aborted by an earlier statement [ErrTxAborted], and a
+// statement cancelled by the session's lock_timeout or statement_timeout
+// [ErrTimeout]. After any error but a validation error, the caller's
+// transaction may be aborted; roll it back.
 func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, error) {
+	if isNilTx(tx) {
+		return Result{}, ErrInvalidTx
+	}
 	d, _, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err

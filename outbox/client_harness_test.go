@@ -21,6 +21,8 @@ type driverHarness[TTx any] struct {
 	begin     func(t *testing.T, opts *sql.TxOptions) TTx
 	commit    func(tx TTx) error
 	rollback  func(tx TTx) error
+	// exec runs one statement in tx.
+	exec func(tx TTx, query string) error
 }
 
 func pgxHarness() driverHarness[pgx.Tx] {
@@ -47,6 +49,10 @@ func pgxHarness() driverHarness[pgx.Tx] {
 		},
 		commit:   func(tx pgx.Tx) error { return tx.Commit(context.Background()) },
 		rollback: func(tx pgx.Tx) error { return tx.Rollback(context.Background()) },
+		exec: func(tx pgx.Tx, query string) error {
+			_, err := tx.Exec(context.Background(), query)
+			return err
+		},
 	}
 }
 
@@ -67,6 +73,10 @@ func stdHarness() driverHarness[*sql.Tx] {
 		},
 		commit:   func(tx *sql.Tx) error { return tx.Commit() },
 		rollback: func(tx *sql.Tx) error { return tx.Rollback() },
+		exec: func(tx *sql.Tx, query string) error {
+			_, err := tx.ExecContext(context.Background(), query)
+			return err
+		},
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/ident"
 )
@@ -77,8 +79,8 @@ type Config struct {
 	// submit notifies.
 	NotifyCooldown time.Duration
 
-	// WorkerID names this process in leases, for operators. Defaults to
-	// hostname:pid.
+	// WorkerID names this process in leases, for operators: at most 200
+	// bytes of valid UTF-8, without NUL bytes. Defaults to hostname:pid.
 	WorkerID string
 
 	// Logger receives the client's logs. Defaults to slog.Default().
@@ -127,6 +129,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: TombstoneRetention (%s) must be at least Retention (%s)", ErrInvalidConfig, c.TombstoneRetention, c.Retention)
 	case len(c.WorkerID) > 200:
 		return fmt.Errorf("%w: WorkerID must be at most 200 bytes", ErrInvalidConfig)
+	case !utf8.ValidString(c.WorkerID) || strings.IndexByte(c.WorkerID, 0) >= 0:
+		// It is written into leases, as PostgreSQL text.
+		return fmt.Errorf("%w: WorkerID must be valid UTF-8 without NUL bytes", ErrInvalidConfig)
 	}
 	return nil
 }

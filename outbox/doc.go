@@ -30,6 +30,12 @@
 // retry-after hint, or the stored response replayed byte for byte.
 // [Result.Observation] is what a model should see.
 //
+// A call that breaks a validation rule returns [ErrInvalidCall] (or
+// [ErrNotCanonical], for its arguments) before any SQL runs, so the caller's
+// transaction is untouched. A nil, finished or aborted transaction returns
+// [ErrInvalidTx], [ErrTxDone] or [ErrTxAborted]; a lock_timeout or
+// statement_timeout of the caller's session returns [ErrTimeout].
+//
 // # Inline
 //
 // [Client.Do] claims, calls the provider and records the outcome in one call,

@@ -56,6 +56,32 @@ var ErrNotPgxStdlib = store.ErrNotPgxStdlib
 // winner's key.
 var ErrSerialization = store.ErrSerialization
 
+// ErrInvalidTx is returned by [Client.SubmitTx] for a nil transaction: a nil
+// *sql.Tx or pgx.Tx. Nothing is written; pass the transaction the call
+// belongs to, or use [Client.Submit] to write in a transaction of its own.
+var ErrInvalidTx = errors.New("invalid transaction: SubmitTx needs the caller's open transaction, got nil")
+
+// ErrTimeout is returned by [Client.SubmitTx], [Client.Submit], [Client.Get]
+// and the other calls that run statements when PostgreSQL cancelled one under
+// the session's lock_timeout (SQLSTATE 55P03) or statement_timeout (57014):
+// typically a SubmitTx waiting for a concurrent transaction that claimed the
+// same key and has not ended. In the caller's transaction, PostgreSQL has
+// aborted the transaction: roll it back and retry it, perhaps with a longer
+// timeout. A statement cancelled because the caller's ctx ended returns ctx's
+// error instead.
+var ErrTimeout = store.ErrTimeout
+
+// ErrTxAborted is returned by [Client.SubmitTx] for a transaction that an
+// earlier failed statement already aborted (SQLSTATE 25P02): PostgreSQL runs
+// nothing more in it. Nothing is written; roll the transaction back and retry
+// it from the start.
+var ErrTxAborted = store.ErrTxAborted
+
+// ErrTxDone is returned by [Client.SubmitTx] for a transaction that has
+// already committed or rolled back (database/sql's sql.ErrTxDone, pgx's
+// pgx.ErrTxClosed). Nothing is written; submit in an open transaction.
+var ErrTxDone = store.ErrTxDone
+
 // ErrProviderFailed is returned by [Client.Do] when the provider failed in a
 // way that may be retried. The key stays pending: a dispatcher or a later Do
 // retries it.

@@ -17,8 +17,10 @@ var ErrNotCanonical = errors.New("not canonical")
 
 // ErrInvalidCall is returned (wrapped in an [*InvalidCallError]) by
 // [DeriveKey] when a [Call] breaks a validation rule: a missing or malformed
-// tool name, a missing run id, a negative step, or an oversized or non-UTF-8
-// string field. Match it with [errors.Is].
+// tool name, a missing run id, a negative step, or a string field that is
+// oversized, not valid UTF-8 or holds a NUL byte. [Client.SubmitTx],
+// [Client.Submit] and [Client.Do] return it before any SQL runs, so the
+// caller's transaction is untouched. Match it with [errors.Is].
 var ErrInvalidCall = errors.New("invalid call")
 
 // ErrInvalidKey is returned by [ParseKey] when a string is not a well-formed

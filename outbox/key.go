@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -223,6 +224,11 @@ func (c Call) validate() error {
 		}
 		if !utf8.ValidString(field.value) {
 			return &InvalidCallError{Field: field.name, Reason: "must be valid UTF-8"}
+		}
+		// PostgreSQL text cannot hold NUL: refused here, before any SQL, it
+		// cannot abort the caller's transaction (SQLSTATE 22021).
+		if i := strings.IndexByte(field.value, 0); i >= 0 {
+			return &InvalidCallError{Field: field.name, Reason: fmt.Sprintf("must not contain NUL bytes, found one at byte %d", i)}
 		}
 	}
 	return nil

@@ -117,7 +117,7 @@ func TestDeriveKeyInvariants(t *testing.T) {
 			{{RunID: "r1", Step: 1, Tool: "t"}, {RunID: "r", Step: 11, Tool: "t"}},
 			{{Tenant: "a", Tool: "t", Key: "bc"}, {Tenant: "ab", Tool: "t", Key: "c"}},
 			{{Tenant: "t", Key: "k", Tool: "x"}, {Tenant: "t", Key: "kx", Tool: "x"}},
-			{{RunID: "r", Tool: "t", Args: "x"}, {RunID: "r", Tool: "t", Args: json.RawMessage(`"x"`), Tenant: "\x00"}},
+			{{RunID: "r", Tool: "t", Args: "x"}, {RunID: "r", Tool: "t", Args: json.RawMessage(`"x"`), Tenant: "\x01"}},
 		}
 		for _, pair := range pairs {
 			a, b := mustDerive(t, pair[0]), mustDerive(t, pair[1])
@@ -265,6 +265,10 @@ func TestDeriveKeyValidation(t *testing.T) {
 		{"RunIDInvalidUTF8", func(c *Call) { c.RunID = "\xff" }, "RunID", "valid UTF-8"},
 		{"KeyInvalidUTF8", func(c *Call) { c.Key = "\xff" }, "Key", "valid UTF-8"},
 		{"NaturalIDInvalidUTF8", func(c *Call) { c.NaturalID = "\xff" }, "NaturalID", "valid UTF-8"},
+		{"TenantNUL", func(c *Call) { c.Tenant = "acme\x00" }, "Tenant", "NUL"},
+		{"RunIDNUL", func(c *Call) { c.RunID = "\x00" }, "RunID", "NUL"},
+		{"KeyNUL", func(c *Call) { c.Key = "order\x008842" }, "Key", "NUL"},
+		{"NaturalIDNUL", func(c *Call) { c.NaturalID = "vm\x00" }, "NaturalID", "NUL"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 )
@@ -15,7 +16,8 @@ type PruneOpts struct {
 	// DryRun counts what would be pruned and changes nothing.
 	DryRun bool
 	// BatchSize is how many rows one statement deletes. Defaults to
-	// [PruneBatchSizeDefault].
+	// [PruneBatchSizeDefault]; zero or negative means the default, and sizes
+	// above math.MaxInt32 are treated as math.MaxInt32.
 	BatchSize int
 	// ProgressFunc, when set, is called after every batch with the totals
 	// so far.
@@ -53,6 +55,8 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 	if batch <= 0 {
 		batch = PruneBatchSizeDefault
 	}
+	// A statement's LIMIT is a 32-bit integer.
+	batch = min(batch, math.MaxInt32)
 	var result PruneResult
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		if opts.DryRun {

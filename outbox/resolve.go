@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
@@ -36,14 +37,19 @@ type Resolution struct {
 	// Failure is stored as the key's failure for [ResolveFailed]; it must be
 	// valid JSON.
 	Failure json.RawMessage
-	// By names who decided. Required.
+	// By names who decided. Required: at most 2000 bytes of valid UTF-8,
+	// without NUL bytes.
 	By string
-	// Reason says why. Required.
+	// Reason says why. Required: at most 2000 bytes of valid UTF-8, without
+	// NUL bytes.
 	Reason string
 }
 
 // ErrInvalidResolution is returned by [Client.Resolve] for a malformed
-// resolution. Nothing is changed.
+// resolution: an unknown action, a response or failure that is missing, not
+// JSON or not allowed for the action, or a By or Reason that is empty, too
+// long, not valid UTF-8 or holds a NUL byte. It is returned before any SQL
+// runs; nothing is changed.
 var ErrInvalidResolution = errors.New("invalid resolution")
 
 // ErrNotNeedsReview is returned by [Client.Resolve] for a key that is not in
@@ -96,6 +102,13 @@ func (r Resolution) validate() error {
 		}
 		if len(field.value) > resolutionTextMaxBytes {
 			return fmt.Errorf("%w: %s must be at most %d bytes", ErrInvalidResolution, field.name, resolutionTextMaxBytes)
+		}
+		if !utf8.ValidString(field.value) {
+			return fmt.Errorf("%w: %s must be valid UTF-8", ErrInvalidResolution, field.name)
+		}
+		// PostgreSQL text cannot hold NUL (SQLSTATE 22021).
+		if strings.IndexByte(field.value, 0) >= 0 {
+			return fmt.Errorf("%w: %s must not contain NUL bytes", ErrInvalidResolution, field.name)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // Result describes a key as one request found or left it.
@@ -59,8 +60,11 @@ func (r Result) Replayed() bool {
 //
 // replayed appears, as true, only when the outcome was stored by an earlier
 // request. response and failure are the stored bytes exactly as the provider
-// returned them; bytes that are not valid JSON appear as a JSON string
-// instead.
+// returned them when those bytes are valid JSON in valid UTF-8. Other bytes
+// (not JSON, or JSON holding bytes that are not UTF-8, such as {"s":"\xff"})
+// appear as a JSON string of those bytes instead, each invalid byte replaced
+// by U+FFFD, so that an Observation is always valid UTF-8 JSON.
+// [Result.Response] and [Result.Failure] keep the stored bytes verbatim.
 type Observation struct {
 	Status       string          `json:"status"`
 	Key          Key             `json:"key"`
@@ -99,9 +103,12 @@ func (r Result) Observation() Observation {
 }
 
 // JSON returns o as JSON text with Response and Failure embedded verbatim,
-// byte for byte as the provider returned them. json.Marshal of an Observation
-// yields the same document, but encoding/json compacts embedded JSON and
-// escapes HTML characters in it; use JSON where the exact bytes matter.
+// byte for byte as the provider returned them, when they are valid JSON in
+// valid UTF-8; otherwise each is embedded as a JSON string, as [Observation]
+// describes. The result is always valid UTF-8 JSON. json.Marshal of an
+// Observation yields the same document, but encoding/json compacts embedded
+// JSON and escapes HTML characters in it; use JSON where the exact bytes
+// matter.
 func (o Observation) JSON() []byte {
 	type plain Observation
 	head := plain(o)
@@ -122,7 +129,10 @@ func (o Observation) JSON() []byte {
 			buf.WriteString("null")
 			return
 		}
-		if !json.Valid(raw) {
+		// json.Valid accepts bytes that are not UTF-8 inside strings; a
+		// model's context must not receive them. encoding/json replaces
+		// each invalid byte of a Go string with U+FFFD.
+		if !json.Valid(raw) || !utf8.Valid(raw) {
 			quoted, _ := json.Marshal(string(raw))
 			buf.Write(quoted)
 			return

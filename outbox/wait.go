@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -24,12 +26,28 @@ const (
 // held while any wait is running. Wait also re-reads the key with a backoff
 // up to 2s, in case a notification is missed or the connection drops.
 //
-// When ctx is done first, Wait returns the last state it saw and ctx's error.
-// It returns [ErrNotFound] for a key never submitted.
+// A read that fails transiently (a lost connection, a restarting server, too
+// many connections; see the README, "Waiting for a result") is retried with
+// the same backoff: Wait keeps waiting through it. A definitive answer
+// returns at once: [ErrNotFound] for a key never submitted, [ErrExpired] for
+// a pruned one, [ErrInvalidKey] for a malformed key, and any other error that
+// retrying cannot cure, such as a schema that is not migrated.
+//
+// When ctx is done first, Wait returns the last state it saw (the zero
+// Result if it never read one) and an error wrapping ctx's error, which also
+// names the last transient error, if any.
 func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	res, err := c.Get(ctx, key)
-	if err != nil || !res.State.InProgress() {
+	var lastErr error // the transient error of the last read, if it failed
+	switch {
+	case err == nil && !res.State.InProgress():
+		return res, nil
+	case err != nil && ctx.Err() != nil:
+		return res, ctx.Err()
+	case err != nil && !store.IsTransient(err):
 		return res, err
+	case err != nil:
+		lastErr = err
 	}
 
 	woken := make(chan struct{}, 1)
@@ -44,24 +62,39 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return res, ctx.Err()
+			return res, waitDone(ctx, key, lastErr)
 		case <-woken:
 		case <-timer.C:
 			poll = min(2*poll, waitPollMax)
 		}
 		next, err := c.Get(ctx, key)
-		if err != nil {
-			if ctx.Err() != nil {
-				return res, ctx.Err()
+		switch {
+		case err == nil:
+			res, lastErr = next, nil
+			if !res.State.InProgress() {
+				return res, nil
 			}
+		case ctx.Err() != nil:
+			// The read failed because ctx is done, not the other way round.
+			return res, waitDone(ctx, key, lastErr)
+		case !store.IsTransient(err):
 			return next, err
-		}
-		res = next
-		if !res.State.InProgress() {
-			return res, nil
+		default:
+			lastErr = err
+			c.config.Logger.DebugContext(ctx, "pgonce: wait could not read its key; retrying",
+				"key", key, "error", err, "retry_in", poll)
 		}
 		timer.Reset(poll)
 	}
+}
+
+// waitDone is the error of a [Client.Wait] whose ctx is done: ctx's error,
+// and the last transient error the wait met, if any.
+func waitDone(ctx context.Context, key Key, lastErr error) error {
+	if lastErr == nil || errors.Is(lastErr, ctx.Err()) {
+		return ctx.Err()
+	}
+	return fmt.Errorf("wait for key %s: %w (last read failed: %v)", key, ctx.Err(), lastErr) //nolint:errorlint // lastErr is named, not wrapped: it is a driver's
 }
 
 // waiters fans the notifications of one listening connection out to the

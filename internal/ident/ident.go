@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // SchemaMaxLen is the longest schema name accepted. It leaves room within
@@ -31,13 +33,30 @@ func ValidateSchema(name string) error {
 	case name == "":
 		return fmt.Errorf("%w: must not be empty", ErrInvalidSchema)
 	case len(name) > SchemaMaxLen:
-		return fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalidSchema, name, SchemaMaxLen)
+		return fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidSchema, quoteShort(name), SchemaMaxLen)
 	case !schemaPattern.MatchString(name):
-		return fmt.Errorf("%w: %q must match %s", ErrInvalidSchema, name, schemaPattern)
+		return fmt.Errorf("%w: %s must match %s", ErrInvalidSchema, quoteShort(name), schemaPattern)
 	case strings.HasPrefix(name, "pg_"):
-		return fmt.Errorf("%w: %q uses the pg_ prefix PostgreSQL reserves", ErrInvalidSchema, name)
+		return fmt.Errorf("%w: %s uses the pg_ prefix PostgreSQL reserves", ErrInvalidSchema, quoteShort(name))
 	}
 	return nil
+}
+
+// quoteMaxBytes is the most bytes of a rejected name that an error quotes.
+const quoteMaxBytes = 64
+
+// quoteShort quotes name for an error message: in full up to quoteMaxBytes,
+// otherwise its first bytes (cut at a character boundary) and its length, so
+// that a huge name cannot flood a log.
+func quoteShort(name string) string {
+	if len(name) <= quoteMaxBytes {
+		return strconv.Quote(name)
+	}
+	cut := quoteMaxBytes
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(name[:cut]), len(name))
 }
 
 // Quote returns name as a quoted SQL identifier. It is the one place where

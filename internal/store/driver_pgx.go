@@ -46,15 +46,15 @@ func newPgxExecutor(db dbpgx.DBTX, rw *rewriter) *pgxExecutor {
 
 func (e *pgxExecutor) KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error) {
 	row, err := e.q.KeyInsert(ctx, e.db, params)
-	return row, InterpretError(err)
+	return row, InterpretErrorContext(ctx, err)
 }
 
 func (e *pgxExecutor) KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error) {
 	row, err := e.q.KeyGet(ctx, e.db, params)
-	return row, InterpretError(err)
+	return row, InterpretErrorContext(ctx, err)
 }
 
 func (e *pgxExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error) {
 	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, params)
-	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
+	return (*dbpgx.KeyGetRow)(row), InterpretErrorContext(ctx, err)
 }

@@ -89,15 +89,15 @@ func newStdExecutor(db dbstd.DBTX, rw *rewriter) *stdExecutor {
 
 func (e *stdExecutor) KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error) {
 	row, err := e.q.KeyInsert(ctx, e.db, (*dbstd.KeyInsertParams)(params))
-	return (*dbpgx.KeyInsertRow)(row), InterpretError(err)
+	return (*dbpgx.KeyInsertRow)(row), InterpretErrorContext(ctx, err)
 }
 
 func (e *stdExecutor) KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error) {
 	row, err := e.q.KeyGet(ctx, e.db, (*dbstd.KeyGetParams)(params))
-	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
+	return (*dbpgx.KeyGetRow)(row), InterpretErrorContext(ctx, err)
 }
 
 func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error) {
 	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, (*dbstd.KeyGetByKeyOrScopeParams)(params))
-	return (*dbpgx.KeyGetRow)(row), InterpretError(err)
+	return (*dbpgx.KeyGetRow)(row), InterpretErrorContext(ctx, err)
 }

@@ -41,6 +41,19 @@ var ErrNoRows = sql.ErrNoRows
 // transaction may be retried.
 var ErrSerialization = errors.New("serialization failure")
 
+// ErrTimeout is returned when PostgreSQL cancelled a statement under the
+// session's lock_timeout (SQLSTATE 55P03) or statement_timeout (57014), not
+// because the caller's context ended.
+var ErrTimeout = errors.New("lock or statement timeout")
+
+// ErrTxAborted is returned when a statement ran in a transaction that an
+// earlier failed statement had aborted (SQLSTATE 25P02).
+var ErrTxAborted = errors.New("transaction is aborted")
+
+// ErrTxDone is returned when a statement ran in a transaction that had
+// already committed or rolled back (sql.ErrTxDone, pgx.ErrTxClosed).
+var ErrTxDone = errors.New("transaction has already been committed or rolled back")
+
 // Executor runs the statements that may run inside a caller's transaction.
 type Executor interface {
 	KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error)
@@ -104,7 +117,7 @@ func (s *Store) Pgx(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX)
 	err := s.pgxFunc(ctx, func(db dbpgx.DBTX) error {
 		return f(s.queries, pgxRewriting{db: db, rw: s.rewriter})
 	})
-	return InterpretError(err)
+	return InterpretErrorContext(ctx, err)
 }
 
 // Listen holds one connection, listens on channels and passes each
@@ -166,8 +179,11 @@ func (s *Store) ListenLoop(ctx context.Context, channels []string, ready func(),
 	}
 }
 
-// InterpretError translates driver errors into the store's own. Errors the
-// store does not know are returned as they are.
+// InterpretError translates driver errors into the store's own: no rows,
+// serialization failures and deadlocks, lock and statement timeouts, aborted
+// and finished transactions. Errors the store does not know are returned as
+// they are. Use [InterpretErrorContext] where the statement's context is at
+// hand.
 func InterpretError(err error) error {
 	if err == nil {
 		return nil
@@ -175,14 +191,33 @@ func InterpretError(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
 		return ErrNoRows
 	}
+	if errors.Is(err, sql.ErrTxDone) || errors.Is(err, pgx.ErrTxClosed) {
+		return ErrTxDone
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "40001", "40P01":
 			return fmt.Errorf("%w (SQLSTATE %s): %s", ErrSerialization, pgErr.Code, pgErr.Message)
+		case "55P03", "57014": // lock_not_available, query_canceled
+			return fmt.Errorf("%w (SQLSTATE %s): %s", ErrTimeout, pgErr.Code, pgErr.Message)
+		case "25P02": // in_failed_sql_transaction
+			return fmt.Errorf("%w (SQLSTATE %s): %s", ErrTxAborted, pgErr.Code, pgErr.Message)
 		}
 	}
 	return err
+}
+
+// InterpretErrorContext is [InterpretError] for a statement that ran under
+// ctx: a statement cancelled (SQLSTATE 57014) while ctx is done was
+// cancelled for the caller, whose context's error it returns, not
+// [ErrTimeout].
+func InterpretErrorContext(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if ctx.Err() != nil && errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		return fmt.Errorf("%w (SQLSTATE %s): %s", ctx.Err(), pgErr.Code, pgErr.Message)
+	}
+	return InterpretError(err)
 }
 
 // tablePattern finds pgonce's table names in generated statements. They are

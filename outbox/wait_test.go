@@ -1,0 +1,203 @@
+package outbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// taggedPool returns a pool of its own whose connections carry a unique
+// application_name, so that a test can find and kill exactly its backends.
+func taggedPool(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	config, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+	require.NoError(t, err)
+	var suffix [6]byte
+	_, _ = rand.Read(suffix[:])
+	tag := "pgonce_wait_" + hex.EncodeToString(suffix[:])
+	config.ConnConfig.RuntimeParams["application_name"] = tag
+	config.ConnConfig.RuntimeParams["search_path"] = ""
+	config.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(t.Context(), config)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, tag
+}
+
+// killBackends terminates the backends tagged tag every few milliseconds
+// until ctx is done, and counts those it terminated.
+func killBackends(ctx context.Context, t *testing.T, tag string, killed *atomic.Int64) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	pool := pgoncetest.Pool(t)
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(5 * time.Millisecond)
+		defer ticker.Stop()
+		for {
+			var n int64
+			err := pool.QueryRow(ctx, `
+				SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+				FROM pg_stat_activity WHERE application_name = $1`, tag).Scan(&n)
+			if err == nil {
+				killed.Add(n)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+		}
+	}()
+	return done
+}
+
+func TestWaitSurvivesKilledConnections(t *testing.T) {
+	t.Parallel()
+
+	for _, tt := range []struct {
+		name      string
+		newClient func(t *testing.T, pool *pgxpool.Pool, config outbox.Config) func(ctx context.Context, key outbox.Key) (outbox.Result, error)
+	}{
+		{"Pgx", func(t *testing.T, pool *pgxpool.Pool, config outbox.Config) func(context.Context, outbox.Key) (outbox.Result, error) {
+			t.Helper()
+			client, err := outbox.NewPgx(pool, config)
+			require.NoError(t, err)
+			return client.Wait
+		}},
+		{"DatabaseSQL", func(t *testing.T, pool *pgxpool.Pool, config outbox.Config) func(context.Context, outbox.Key) (outbox.Result, error) {
+			t.Helper()
+			db := stdlib.OpenDBFromPool(pool)
+			t.Cleanup(func() { _ = db.Close() })
+			client, err := outbox.New(db, config)
+			require.NoError(t, err)
+			return client.Wait
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			schema := pgoncetest.Schema(t)
+			registry := outbox.NewRegistry()
+			require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{"refund_id":"re_1"}`)}, outbox.IdempotentByKey))
+			config := outbox.Config{Schema: schema, Registry: registry}
+			// The completing client works on the shared pool, which is
+			// never killed.
+			other, err := outbox.NewPgx(pgoncetest.Pool(t), config)
+			require.NoError(t, err)
+			res, err := other.Submit(t.Context(), refundCall("run-killed"))
+			require.NoError(t, err)
+
+			pool, tag := taggedPool(t)
+			wait := tt.newClient(t, pool, config)
+
+			killCtx, stopKilling := context.WithCancel(context.WithoutCancel(t.Context()))
+			defer stopKilling()
+			var killed atomic.Int64
+			killerDone := killBackends(killCtx, t, tag, &killed)
+
+			type waited struct {
+				res outbox.Result
+				err error
+			}
+			result := make(chan waited, 1)
+			waitCtx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			go func() {
+				res, err := wait(waitCtx, res.Key)
+				result <- waited{res, err}
+			}()
+
+			// Let the wait lose several connections before the key
+			// completes, and keep killing until it returns.
+			for killed.Load() < 8 {
+				select {
+				case got := <-result:
+					t.Fatalf("wait returned before the key completed, after %d killed connections: %+v, %v", killed.Load(), got.res, got.err)
+				case <-waitCtx.Done():
+					t.Fatalf("only %d connections killed", killed.Load())
+				case <-time.After(time.Millisecond):
+				}
+			}
+			done, err := other.Do(t.Context(), refundCall("run-killed"), nil)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StateSucceeded, done.State)
+
+			got := <-result
+			stopKilling()
+			<-killerDone
+			require.NoError(t, got.err)
+			require.Equal(t, outbox.StateSucceeded, got.res.State)
+			require.Equal(t, []byte(done.Response), []byte(got.res.Response))
+			require.GreaterOrEqual(t, killed.Load(), int64(8))
+		})
+	}
+}
+
+func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
+	t.Parallel()
+
+	t.Run("MissingTable", func(t *testing.T) {
+		t.Parallel()
+		// A schema that was never migrated: retrying cannot help.
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: pgoncetest.NewSchemaName(t)})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		_, err = client.Wait(ctx, mustKey(t, refundCall("run-1")))
+		require.Error(t, err)
+		require.NoError(t, ctx.Err(), "Wait retried a definitive error until ctx was done")
+	})
+
+	t.Run("Expired", func(t *testing.T) {
+		t.Parallel()
+		schema := pgoncetest.Schema(t)
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+		require.NoError(t, err)
+		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
+		require.NoError(t, err)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+schema+`".pgonce_key
+			SET state = 'expired', response = NULL, args = '' WHERE key = $1`, string(done.Key))
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		got, err := client.Wait(ctx, done.Key)
+		require.ErrorIs(t, err, outbox.ErrExpired)
+		require.Equal(t, outbox.StateExpired, got.State)
+		require.NoError(t, ctx.Err())
+	})
+
+	t.Run("ServerUnreachableUntilCtxDone", func(t *testing.T) {
+		t.Parallel()
+		// Nothing listens on port 1: every read fails to connect, which
+		// may pass, so the wait retries until its ctx ends and says what
+		// it met.
+		config, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=1")
+		require.NoError(t, err)
+		pool, err := pgxpool.NewWithConfig(t.Context(), config)
+		require.NoError(t, err)
+		defer pool.Close()
+		client, err := outbox.NewPgx(pool, outbox.Config{NotifyDisabled: true})
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		got, err := client.Wait(ctx, mustKey(t, refundCall("run-1")))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Contains(t, err.Error(), "last read failed")
+		require.Equal(t, outbox.Result{}, got)
+	})
+}
