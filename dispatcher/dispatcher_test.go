@@ -62,6 +62,16 @@ func (l *ledger) Lookup(_ context.Context, req outbox.Request) (json.RawMessage,
 	return json.RawMessage(fmt.Sprintf(`{"key":%q,"found":true}`, req.Key)), true, nil
 }
 
+// lookupProvider calls one provider and looks up with another.
+type lookupProvider struct {
+	outbox.Provider
+	lookuper outbox.Lookuper
+}
+
+func (p lookupProvider) Lookup(ctx context.Context, req outbox.Request) (json.RawMessage, bool, error) {
+	return p.lookuper.Lookup(ctx, req)
+}
+
 func (l *ledger) count(key outbox.Key) (calls, effects int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -268,6 +278,41 @@ func TestDispatcher(t *testing.T) {
 		key := submit(t, bundle.client, "refund", 1)
 		res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
 		require.Equal(t, 2, res.Attempts)
+	})
+
+	t.Run("PanicAfterActingIsAnUncertainOutcome", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The provider acts on the first attempt, then panics.
+		actThenPanic := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			resp, err := bundle.ledger.Call(ctx, req)
+			if req.Attempt == 1 {
+				panic("nil map write")
+			}
+			return resp, err
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("provision", lookupProvider{actThenPanic, bundle.ledger}, outbox.LookupByNaturalID))
+		require.NoError(t, registry.Register("email", actThenPanic, outbox.AtMostOnce))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		provisioned := submit(t, client, "provision", 1)
+		emailed := submit(t, client, "email", 2)
+
+		res := awaitState(t, client, provisioned, outbox.StateSucceeded)
+		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, provisioned), string(res.Response),
+			"the next attempt looked up first and found the effect")
+		res = awaitState(t, client, emailed, outbox.StateNeedsReview)
+		require.Contains(t, res.LastError, "nil map write")
+		for _, key := range []outbox.Key{provisioned, emailed} {
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, "key %s", key)
+			require.Equal(t, 1, effects, "key %s", key)
+		}
 	})
 
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {

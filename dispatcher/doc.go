@@ -24,10 +24,10 @@
 // A response is stored verbatim and the key leaves the queue;
 // [outbox.Permanent] is stored as the failure; other errors go back to
 // pending after an exponential, jittered backoff until [Config.MaxAttempts],
-// after which the key fails with the last error. A panic is recovered and retried. After an
-// uncertain attempt ([outbox.IsAmbiguous]) the tool's [outbox.Delivery]
-// decides: retry with the same key, look up before writing, or send the key
-// to review. Outcomes that finish together are recorded in one statement,
+// after which the key fails with the last error. After an uncertain attempt
+// ([outbox.IsAmbiguous]), and after a provider panic, which may come after
+// the provider acted, the tool's [outbox.Delivery] decides: retry with the
+// same key, look up before writing, or send the key to review. Outcomes that finish together are recorded in one statement,
 // each fenced by its attempt, so a worker whose lease was taken over changes
 // nothing.
 //

@@ -75,8 +75,9 @@ type Outcome struct {
 // RunAttempt runs one claimed attempt: a lookup first where an earlier
 // attempt left the effect unknown and the tool can look up, then the provider
 // call under [Config.CallTimeout] unless callTimeout overrides it. It never
-// panics: a provider panic becomes a retryable failure. backoff gives the
-// delay before retry n (from 1).
+// panics: a provider that panics may have acted before it did, so a panic is
+// an uncertain outcome ([IsAmbiguous]) and follows the tool's [Delivery]
+// like any other. backoff gives the delay before retry n (from 1).
 //
 // API is not stable. DO NOT USE.
 func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, callTimeout time.Duration, backoff func(attempt int) time.Duration) Outcome {
@@ -222,7 +223,8 @@ func isPermanent(err error) bool {
 }
 
 // call runs the provider under the call timeout and turns a panic into an
-// error that keeps the stack.
+// ambiguous error, logged with its stack: the provider may have acted before
+// it panicked, so a panic is never taken for "nothing happened".
 func (c *Client[TTx]) call(ctx context.Context, p Provider, req Request, timeout time.Duration) (resp json.RawMessage, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -230,7 +232,7 @@ func (c *Client[TTx]) call(ctx context.Context, p Provider, req Request, timeout
 		if r := recover(); r != nil {
 			c.config.Logger.ErrorContext(ctx, "pgonce: provider panicked",
 				"tool", req.Tool, "key", req.Key, "attempt", req.Attempt, "panic", r, "stack", string(debug.Stack()))
-			err = fmt.Errorf("provider panicked: %v", r)
+			err = Ambiguous(fmt.Errorf("provider panicked: %v", r))
 		}
 	}()
 	return p.Call(ctx, req)

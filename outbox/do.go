@@ -24,13 +24,14 @@ import (
 // [Result.Replayed]), or needs review.
 //
 // A provider error wrapped with [Permanent] is stored as the key's failure and
-// replayed forever. Any other error, or a panic, leaves the key pending and
-// returns [ErrProviderFailed]: a running dispatcher retries it after
-// backoff, and a later Do of the same call at once (the caller asked now, so
-// Do claims a pending key whose backoff has not elapsed). An uncertain error
-// (see [IsAmbiguous]) does the same for [IdempotentByKey] tools, makes the
-// next attempt look up first for [LookupByNaturalID] tools, and sends
-// [AtMostOnce] tools to [StateNeedsReview]. If the process dies between the
+// replayed forever. Any other error leaves the key pending and returns
+// [ErrProviderFailed]: a running dispatcher retries it after backoff, and a
+// later Do of the same call at once (the caller asked now, so Do claims a
+// pending key whose backoff has not elapsed). An uncertain error (see
+// [IsAmbiguous]), or a panic, which may come after the provider acted, does
+// the same for [IdempotentByKey] tools, makes the next attempt look up first
+// for [LookupByNaturalID] tools, and sends [AtMostOnce] tools to
+// [StateNeedsReview]. If the process dies between the
 // claim and the record, the key stays in flight until its lease expires and
 // the reconciler resolves it.
 func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {
