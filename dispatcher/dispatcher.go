@@ -208,6 +208,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 		return nil, nil
 	}
 	var rows []*dbpgx.OutboxClaimBatchRow
+	claimedAt := time.Now()
 	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		rows, err = q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
@@ -234,6 +235,8 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 			},
 			Ambiguous:        row.Ambiguous,
 			FirstAttemptedAt: row.FirstAttemptedAt,
+			ClaimedNow:       row.Now,
+			ClaimedAt:        claimedAt,
 			MaxAttempts:      d.config.MaxAttempts,
 		})
 	}

@@ -315,6 +315,41 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("KeyRetentionIsMeasuredOnTheDatabaseClock", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The database's clock is an hour ahead of this process's.
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.RegisterWithOpts("refund", bundle.ledger, outbox.IdempotentByKey,
+			&outbox.ToolOpts{KeyRetention: time.Hour}))
+		client, err := outbox.NewPgx(pgoncetest.ShiftedClockPool(t, time.Hour),
+			outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+
+		// An uncertain first attempt that acted 90 minutes ago by the
+		// database's clock (30 by the local one): the provider has forgotten
+		// its key, so a retry by key would act twice.
+		key := submit(t, client, "refund", 1)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
+			SET attempt = 1, ambiguous = true, first_attempted_at = pg_catalog.now() - interval '30 minutes'
+			WHERE key = $1`, string(key))
+		require.NoError(t, err)
+		bundle.ledger.mu.Lock()
+		bundle.ledger.effects[key] = 1
+		bundle.ledger.mu.Unlock()
+
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		res := awaitState(t, client, key, outbox.StateSucceeded)
+		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, key), string(res.Response),
+			"past the provider's key retention the attempt looks up first")
+		calls, effects := bundle.ledger.count(key)
+		require.Zero(t, calls, "no retry by a forgotten key")
+		require.Equal(t, 1, effects)
+	})
+
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

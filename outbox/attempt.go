@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"time"
 
@@ -23,8 +24,18 @@ type Attempt struct {
 	Request Request
 	// Ambiguous reports that an earlier attempt may have acted.
 	Ambiguous bool
-	// FirstAttemptedAt starts the provider's key-retention window.
+	// FirstAttemptedAt starts the provider's key-retention window, by the
+	// database's clock.
 	FirstAttemptedAt time.Time
+	// ClaimedNow is the database's clock when the attempt was claimed, as the
+	// claiming statement read it, and ClaimedAt the local clock (with its
+	// monotonic reading) taken just before that statement was sent. Time
+	// since FirstAttemptedAt is ClaimedNow - FirstAttemptedAt plus the local
+	// time elapsed since ClaimedAt: it never compares the local clock with
+	// the database's, which may disagree by any amount. A zero ClaimedNow
+	// means the time since the first attempt is unknown.
+	ClaimedNow time.Time
+	ClaimedAt  time.Time
 	// MaxAttempts turns a retryable failure into a final one at this attempt.
 	// Zero means no limit.
 	MaxAttempts int
@@ -163,7 +174,7 @@ func (c *Client[TTx]) Settle(ctx context.Context, a Attempt, p Provider, callTim
 	}
 	lookuper, canLookup := p.(Lookuper)
 	pastKeyWindow := tool.Delivery == IdempotentByKey && tool.Opts.KeyRetention > 0 &&
-		!a.FirstAttemptedAt.IsZero() && c.now().Sub(a.FirstAttemptedAt) > tool.Opts.KeyRetention
+		!a.FirstAttemptedAt.IsZero() && a.sinceFirstAttempt() > tool.Opts.KeyRetention
 	switch {
 	case tool.Delivery == AtMostOnce:
 		return SettleReview, nil, nil
@@ -185,6 +196,20 @@ func (c *Client[TTx]) Settle(ctx context.Context, a Attempt, p Provider, callTim
 		return SettleReview, nil, nil
 	}
 	return SettleByKey, nil, nil
+}
+
+// sinceFirstAttempt is how long ago the key was first attempted, by the
+// database's clock (see [Attempt.ClaimedNow]). Unknown counts as forever: a
+// retry by key is only safe when the provider surely still remembers it.
+func (a Attempt) sinceFirstAttempt() time.Duration {
+	if a.ClaimedNow.IsZero() {
+		return math.MaxInt64
+	}
+	elapsed := a.ClaimedNow.Sub(a.FirstAttemptedAt)
+	if !a.ClaimedAt.IsZero() {
+		elapsed += time.Since(a.ClaimedAt)
+	}
+	return elapsed
 }
 
 func (o Outcome) succeeded(resp json.RawMessage) Outcome {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
@@ -39,6 +40,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	if err != nil {
 		return Result{}, err
 	}
+	claimedAt := time.Now()
 	res, row, err := c.claim(ctx, c.store.Executor(), d, call, true)
 	if err != nil {
 		return Result{}, err
@@ -51,8 +53,10 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	case row != nil:
 		attempt.Request.Attempt = int(row.Attempt)
 		attempt.FirstAttemptedAt = row.CreatedAt
+		attempt.ClaimedNow, attempt.ClaimedAt = row.Now, claimedAt
 	case res.State == StatePending:
 		// A submitted key no dispatcher has taken yet: take it here.
+		claimedAt = time.Now()
 		claimed, err := c.claimPending(ctx, d.Key)
 		if errors.Is(err, store.ErrNoRows) {
 			return c.inProgress(ctx, d.Key)
@@ -63,6 +67,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		attempt.Request.Attempt = int(claimed.Attempt)
 		attempt.Ambiguous = claimed.Ambiguous
 		attempt.FirstAttemptedAt = claimed.FirstAttemptedAt
+		attempt.ClaimedNow, attempt.ClaimedAt = claimed.Now, claimedAt
 		res.State, res.Attempts = StateInFlight, int(claimed.Attempt)
 	case res.State == StateInFlight:
 		return res, &InProgressError{Key: d.Key, RetryAfter: res.RetryAfter}

@@ -172,6 +172,7 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	graceMs := r.config.Grace.Milliseconds()
 	for {
 		var rows []*dbpgx.OutboxReclaimExpiredRow
+		claimedAt := time.Now()
 		err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 			var err error
 			rows, err = q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
@@ -193,7 +194,7 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		labels := make([]Outcome, len(rows))
 		var resolving sync.WaitGroup
 		for i, row := range rows {
-			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row) })
+			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row, claimedAt) })
 		}
 		resolving.Wait()
 		tools := make(map[outbox.Key]string, len(rows))
@@ -254,7 +255,8 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 }
 
 // resolve decides one expired row without calling its provider.
-func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow) (outbox.Outcome, Outcome) {
+// claimedAt is the local clock just before the row was reclaimed.
+func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow, claimedAt time.Time) (outbox.Outcome, Outcome) {
 	tool := r.registry.Lookup(row.Tool)
 	out := outbox.Outcome{
 		Key:       outbox.Key(row.Key),
@@ -275,6 +277,8 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 		},
 		Ambiguous:        true,
 		FirstAttemptedAt: row.FirstAttemptedAt,
+		ClaimedNow:       row.Now,
+		ClaimedAt:        claimedAt,
 	}
 	switch how, resp, err := r.client.Settle(ctx, attempt, nil, 0); how {
 	case outbox.SettleReview:
