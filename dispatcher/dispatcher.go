@@ -238,6 +238,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 			ClaimedNow:       row.Now,
 			ClaimedAt:        claimedAt,
 			MaxAttempts:      d.config.MaxAttempts,
+			Lease:            d.config.Lease,
 		})
 	}
 	return attempts, nil
@@ -274,6 +275,7 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 		for _, p := range pending {
 			batch = append(batch, p.outcome)
 		}
+		// Record tries again after transient failures, within the leases.
 		if _, err := d.client.Record(context.Background(), batch); err != nil {
 			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
 				"error", err, "outcomes", len(batch))

@@ -350,6 +350,48 @@ func TestDispatcher(t *testing.T) {
 		require.Equal(t, 1, effects)
 	})
 
+	t.Run("OutcomeSurvivesAKilledConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The provider acts, and then the server kills every connection of
+		// the dispatcher's pool: recording the outcome meets a dead one.
+		pool, kill := pgoncetest.KillablePool(t)
+		killing := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			resp, err := bundle.ledger.Call(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return resp, kill(ctx)
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", killing, outbox.IdempotentByKey))
+		require.NoError(t, registry.Register("email", killing, outbox.AtMostOnce))
+		// No listener, and one call at a time: nothing else in the
+		// dispatcher uses, and so replaces, the dead connections.
+		client, err := outbox.NewPgx(pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: true})
+		require.NoError(t, err)
+		config := fastConfig()
+		config.Concurrency = 1
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		// The test submits and reads through a pool of its own, so that only
+		// the dispatcher meets the dead connections.
+		for step, tool := range []string{"refund", "email"} {
+			key := submit(t, bundle.client, tool, int64(step))
+			var res outbox.Result
+			require.Eventually(t, func() bool {
+				res, err = bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, 15*time.Second, 5*time.Millisecond, "%s: the provider's success was not recorded", tool)
+			require.Equal(t, 1, res.Attempts)
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, tool)
+			require.Equal(t, 1, effects, tool)
+		}
+	})
+
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

@@ -27,9 +27,13 @@
 // after which the key fails with the last error. After an uncertain attempt
 // ([outbox.IsAmbiguous]), and after a provider panic, which may come after
 // the provider acted, the tool's [outbox.Delivery] decides: retry with the
-// same key, look up before writing, or send the key to review. Outcomes that finish together are recorded in one statement,
-// each fenced by its attempt, so a worker whose lease was taken over changes
-// nothing.
+// same key, look up before writing, or send the key to review.
+//
+// Outcomes that finish together are recorded in one statement, each fenced
+// by its attempt, so a worker whose lease was taken over changes nothing. A
+// record statement that fails transiently is tried again on another
+// connection for up to [outbox.RecordTimeout], never past the lease (see
+// [outbox.Client.Record]).
 //
 // # Wake-ups and shutdown
 //

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 // Attempt is one claimed attempt of a key, as the inline path and the
@@ -39,6 +40,19 @@ type Attempt struct {
 	// MaxAttempts turns a retryable failure into a final one at this attempt.
 	// Zero means no limit.
 	MaxAttempts int
+	// Lease is how long the claim holds the key, from the claim; with
+	// ClaimedAt it gives the local time by which the lease has surely not yet
+	// ended. Zero means unknown.
+	Lease time.Duration
+}
+
+// leaseDeadline is the local time before which the attempt's lease surely
+// holds: the lease was set, by the database, after ClaimedAt.
+func (a Attempt) leaseDeadline() time.Time {
+	if a.Lease <= 0 || a.ClaimedAt.IsZero() {
+		return time.Time{}
+	}
+	return a.ClaimedAt.Add(a.Lease)
 }
 
 // OutcomeKind classifies how an attempt ended.
@@ -81,6 +95,10 @@ type Outcome struct {
 	RetryDelay time.Duration
 	Ambiguous  bool
 	Err        error
+	// LeaseDeadline, when set, is the local time by which the attempt's
+	// lease surely still holds: [Client.Record] tries no statement again
+	// past it.
+	LeaseDeadline time.Time
 }
 
 // RunAttempt runs one claimed attempt: a lookup first where an earlier
@@ -96,7 +114,12 @@ func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, cal
 		callTimeout = c.config.CallTimeout
 	}
 	tool := a.Tool
-	out := Outcome{Key: a.Request.Key, Attempt: a.Request.Attempt, Retention: cmp.Or(tool.Opts.Retention, c.config.Retention)}
+	out := Outcome{
+		Key:           a.Request.Key,
+		Attempt:       a.Request.Attempt,
+		Retention:     cmp.Or(tool.Opts.Retention, c.config.Retention),
+		LeaseDeadline: a.leaseDeadline(),
+	}
 	if p == nil {
 		p = tool.Provider
 	}
@@ -281,61 +304,171 @@ func (c *Client[TTx]) lookup(ctx context.Context, l Lookuper, req Request, timeo
 // persisting after a cancel.
 const RecordTimeout = 10 * time.Second
 
-// Record persists outcomes in at most two statements, each fenced by its
-// attempt, and returns the keys whose outcome was written. An outcome whose
-// attempt no longer holds its key (the lease was taken over) writes nothing.
+// Backoff between the tries of a statement that records outcomes.
+const (
+	recordRetryMin = 20 * time.Millisecond
+	recordRetryMax = time.Second
+)
+
+// Record persists outcomes, each fenced by its attempt, and returns the keys
+// whose outcome it wrote. An outcome whose attempt no longer holds its key
+// (the lease was taken over) writes nothing. Outcomes finished together are
+// written in one statement, retries in another.
+//
+// A statement that fails transiently ([store.IsTransient]: a killed
+// connection, a restarting server) is tried again on another connection,
+// with a backoff from 20ms to 1s, for up to [RecordTimeout] and never past
+// the earliest lease among outcomes (see [Outcome.LeaseDeadline]). The fence
+// makes this safe. When a try may have run although its reply was lost, the
+// keys the next try finds no longer held are read back, and those left at
+// their attempt without a lease count as written: only that attempt could
+// have ended its lease.
+//
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 //
 // API is not stable. DO NOT USE.
 func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
 	defer cancel()
-	written := make(map[Key]bool, len(outcomes))
-	finish := &dbpgx.OutboxFinishParams{Now: c.nowParam(), TombstoneMs: c.config.TombstoneRetention.Milliseconds()}
-	release := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
-	if !c.config.NotifyDisabled {
-		finish.Channel = c.store.DoneChannel
-		release.Channel = c.store.WorkChannel
-	}
+	until, _ := ctx.Deadline()
+	var finishes, releases []Outcome
 	for _, o := range outcomes {
+		if !o.LeaseDeadline.IsZero() && o.LeaseDeadline.Before(until) {
+			until = o.LeaseDeadline
+		}
 		if o.Kind == OutcomeRetry {
-			release.Key = append(release.Key, string(o.Key))
-			release.Attempt = append(release.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-			release.DelayMs = append(release.DelayMs, o.RetryDelay.Milliseconds())
-			release.Ambiguous = append(release.Ambiguous, o.Ambiguous)
-			release.LastError = append(release.LastError, errorText(o.Err))
-			continue
+			releases = append(releases, o)
+		} else {
+			finishes = append(finishes, o)
 		}
-		finish.Key = append(finish.Key, string(o.Key))
-		finish.Attempt = append(finish.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-		finish.State = append(finish.State, o.Kind.dbState())
-		finish.Response = append(finish.Response, o.Response)
-		finish.Failure = append(finish.Failure, o.Failure)
-		finish.RetentionMs = append(finish.RetentionMs, o.Retention.Milliseconds())
-		finish.LastError = append(finish.LastError, errorText(o.Err))
 	}
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		if len(finish.Key) > 0 {
-			rows, err := q.OutboxFinish(ctx, db, finish)
-			if err != nil {
-				return fmt.Errorf("record outcomes: %w", err)
-			}
-			for _, row := range rows {
-				written[Key(row.Key)] = true
-			}
+	written := make(map[Key]bool, len(outcomes))
+	finishErr := c.recordAll(ctx, until, finishes, c.finish, written)
+	releaseErr := c.recordAll(ctx, until, releases, c.release, written)
+	return written, errors.Join(finishErr, releaseErr)
+}
+
+// recordStatement writes outs in one statement and marks the keys written.
+type recordStatement func(ctx context.Context, outs []Outcome, written map[Key]bool) error
+
+// recordAll writes outs with stmt, trying again while failures are transient
+// and until allows.
+func (c *Client[TTx]) recordAll(ctx context.Context, until time.Time, outs []Outcome, stmt recordStatement, written map[Key]bool) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	mayHaveRun, err := c.retryTransient(ctx, until, func(ctx context.Context) error { return stmt(ctx, outs, written) })
+	if err == nil && mayHaveRun {
+		return c.readBackRecorded(ctx, until, outs, written)
+	}
+	return err
+}
+
+// readBackRecorded marks as written the outcomes of outs that an earlier
+// try wrote although its reply was lost.
+func (c *Client[TTx]) readBackRecorded(ctx context.Context, until time.Time, outs []Outcome, written map[Key]bool) error {
+	params := &dbpgx.OutboxRecordedAttemptsParams{}
+	for _, o := range outs {
+		if !written[o.Key] {
+			params.Key = append(params.Key, string(o.Key))
+			params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
 		}
-		if len(release.Key) > 0 {
-			rows, err := q.OutboxRelease(ctx, db, release)
-			if err != nil {
-				return fmt.Errorf("release attempts: %w", err)
+	}
+	if len(params.Key) == 0 {
+		return nil
+	}
+	_, err := c.retryTransient(ctx, until, func(ctx context.Context) error {
+		return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+			keys, err := q.OutboxRecordedAttempts(ctx, db, params)
+			for _, key := range keys {
+				written[Key(key)] = true
 			}
-			for _, row := range rows {
-				written[Key(row.Key)] = true
-			}
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("read back recorded outcomes: %w", err)
+	}
+	return nil
+}
+
+// retryTransient runs try until it succeeds, fails for good, or until
+// leaves no time for another try after the backoff. It reports whether a
+// failed try may have run on the server.
+func (c *Client[TTx]) retryTransient(ctx context.Context, until time.Time, try func(ctx context.Context) error) (mayHaveRun bool, err error) {
+	wait := recordRetryMin
+	for {
+		err = try(ctx)
+		if err == nil || !store.IsTransient(err) || ctx.Err() != nil {
+			return mayHaveRun, err
+		}
+		mayHaveRun = mayHaveRun || store.MayHaveRun(err)
+		if time.Now().Add(wait).After(until) {
+			return mayHaveRun, err
+		}
+		c.config.Logger.WarnContext(ctx, "pgonce: recording outcomes failed; trying again",
+			"error", err, "retry_in", wait)
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return mayHaveRun, err
+		case <-timer.C:
+		}
+		wait = min(2*wait, recordRetryMax)
+	}
+}
+
+// finish writes final outcomes with OutboxFinish.
+func (c *Client[TTx]) finish(ctx context.Context, outs []Outcome, written map[Key]bool) error {
+	params := &dbpgx.OutboxFinishParams{Now: c.nowParam(), TombstoneMs: c.config.TombstoneRetention.Milliseconds()}
+	if !c.config.NotifyDisabled {
+		params.Channel = c.store.DoneChannel
+	}
+	for _, o := range outs {
+		params.Key = append(params.Key, string(o.Key))
+		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		params.State = append(params.State, o.Kind.dbState())
+		params.Response = append(params.Response, o.Response)
+		params.Failure = append(params.Failure, o.Failure)
+		params.RetentionMs = append(params.RetentionMs, o.Retention.Milliseconds())
+		params.LastError = append(params.LastError, errorText(o.Err))
+	}
+	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxFinish(ctx, db, params)
+		if err != nil {
+			return fmt.Errorf("record outcomes: %w", err)
+		}
+		for _, row := range rows {
+			written[Key(row.Key)] = true
 		}
 		return nil
 	})
-	return written, err
+}
+
+// release puts retryable attempts back to pending with OutboxRelease.
+func (c *Client[TTx]) release(ctx context.Context, outs []Outcome, written map[Key]bool) error {
+	params := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
+	if !c.config.NotifyDisabled {
+		params.Channel = c.store.WorkChannel
+	}
+	for _, o := range outs {
+		params.Key = append(params.Key, string(o.Key))
+		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		params.DelayMs = append(params.DelayMs, o.RetryDelay.Milliseconds())
+		params.Ambiguous = append(params.Ambiguous, o.Ambiguous)
+		params.LastError = append(params.LastError, errorText(o.Err))
+	}
+	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxRelease(ctx, db, params)
+		if err != nil {
+			return fmt.Errorf("release attempts: %w", err)
+		}
+		for _, row := range rows {
+			written[Key(row.Key)] = true
+		}
+		return nil
+	})
 }
 
 func errorText(err error) string {

@@ -48,6 +48,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	attempt := Attempt{
 		Tool:    tool,
 		Request: Request{Key: d.Key, NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args},
+		Lease:   c.config.Lease,
 	}
 	switch {
 	case row != nil:
@@ -83,7 +84,8 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	}
 	if !written[d.Key] {
 		// Our lease was taken over while the provider ran: report what the
-		// store holds instead.
+		// store holds instead. (An outcome written by a try whose reply was
+		// lost counts as written; see Record.)
 		return c.get(ctx, c.store.Executor(), d.Key)
 	}
 	// Read back what was recorded, so that timestamps come from the same

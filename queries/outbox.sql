@@ -320,3 +320,22 @@ SELECT
             AND pgonce_key.lease_until IS NULL
             AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
     ), 0)::bigint AS oldest_pending_ms;
+
+-- name: OutboxRecordedAttempts :many
+-- OutboxRecordedAttempts returns which of the given keys hold no lease at
+-- the given attempt: that attempt's outcome was recorded, since a claim
+-- always moves the attempt on and only the attempt's holder ends its lease.
+-- A recorder whose statement ran but whose reply was lost (the connection
+-- died on the way back) finds its retry writes nothing, and reads here what
+-- the lost statement wrote.
+WITH given AS (
+    SELECT
+        unnest(@key::text[]) AS key,
+        unnest(@attempt::integer[]) AS attempt
+)
+SELECT pgonce_key.key
+FROM pgonce_key
+JOIN given ON pgonce_key.key = given.key
+    AND pgonce_key.attempt = given.attempt
+WHERE pgonce_key.lease_until IS NULL
+ORDER BY pgonce_key.key;

@@ -265,6 +265,9 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 		Ambiguous: true,
 		Kind:      outbox.OutcomeRetry,
 		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
+		// Recording is tried again after transient failures, but never past
+		// the reconciler's own lease.
+		LeaseDeadline: claimedAt.Add(r.client.Config().Lease),
 	}
 	attempt := outbox.Attempt{
 		Tool: tool,

@@ -571,6 +571,51 @@ func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *Outbox
 	return items, nil
 }
 
+const outboxRecordedAttempts = `-- name: OutboxRecordedAttempts :many
+WITH given AS (
+    SELECT
+        unnest($1::text[]) AS key,
+        unnest($2::integer[]) AS attempt
+)
+SELECT pgonce_key.key
+FROM pgonce_key
+JOIN given ON pgonce_key.key = given.key
+    AND pgonce_key.attempt = given.attempt
+WHERE pgonce_key.lease_until IS NULL
+ORDER BY pgonce_key.key
+`
+
+type OutboxRecordedAttemptsParams struct {
+	Key     []string
+	Attempt []int32
+}
+
+// OutboxRecordedAttempts returns which of the given keys hold no lease at
+// the given attempt: that attempt's outcome was recorded, since a claim
+// always moves the attempt on and only the attempt's holder ends its lease.
+// A recorder whose statement ran but whose reply was lost (the connection
+// died on the way back) finds its retry writes nothing, and reads here what
+// the lost statement wrote.
+func (q *Queries) OutboxRecordedAttempts(ctx context.Context, db DBTX, arg *OutboxRecordedAttemptsParams) ([]string, error) {
+	rows, err := db.Query(ctx, outboxRecordedAttempts, arg.Key, arg.Attempt)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var key string
+		if err := rows.Scan(&key); err != nil {
+			return nil, err
+		}
+		items = append(items, key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const outboxRelease = `-- name: OutboxRelease :many
 WITH released AS (
     SELECT

@@ -55,3 +55,11 @@ func IsTransient(err error) bool {
 		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
 		strings.Contains(msg, "unexpected EOF")
 }
+
+// MayHaveRun reports whether a statement that failed with err may still have
+// run, and committed, on the server: the connection was lost after the
+// statement was sent, so its reply went missing. It is false when the
+// statement surely never reached the server.
+func MayHaveRun(err error) bool {
+	return err != nil && !pgconn.SafeToRetry(err)
+}
