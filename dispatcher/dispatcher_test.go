@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -238,6 +239,65 @@ func TestDispatcher(t *testing.T) {
 		require.Contains(t, string(res.Failure), "503 upstream on attempt 3")
 		calls, _ := bundle.ledger.count(key)
 		require.Equal(t, 3, calls)
+	})
+
+	t.Run("BadErrorTextCostsNoOutcome", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		const rows = 60
+		keys := make([]outbox.Key, rows)
+		for i := range keys {
+			keys[i] = submit(t, bundle.client, "refund", int64(i))
+		}
+		// Every first attempt returns together, so that the outcomes share
+		// record statements; two return error text PostgreSQL rejects in a
+		// text column: a NUL byte and invalid UTF-8.
+		permanent, retried := keys[7], keys[42]
+		var arrived atomic.Int64
+		together := make(chan struct{})
+		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
+			if req.Attempt == 1 {
+				if arrived.Add(1) == rows {
+					close(together)
+				}
+				select {
+				case <-together:
+				case <-time.After(30 * time.Second): // fail, rather than hang, if the claims split
+				}
+			}
+			switch {
+			case req.Key == permanent:
+				return false, outbox.Permanent(errors.New("card \x00 declined \xff\xfe"))
+			case req.Key == retried && req.Attempt == 1:
+				return false, errors.New("503 \x00 upstream \xc3")
+			}
+			return true, nil
+		}
+		config := fastConfig()
+		config.Concurrency, config.BatchSize = rows, rows
+		d, err := dispatcher.New(bundle.client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		failed := awaitState(t, bundle.client, permanent, outbox.StateFailed)
+		require.True(t, utf8.Valid(failed.Failure), "the failure body is valid UTF-8")
+		require.True(t, json.Valid(failed.Failure))
+		require.NotContains(t, string(failed.Failure), `\u0000`)
+		require.Contains(t, string(failed.Failure), "declined")
+		require.Equal(t, "permanent: card \uFFFD declined \uFFFD", failed.LastError)
+		for _, key := range keys {
+			if key == permanent {
+				continue
+			}
+			res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+			if key == retried {
+				require.Equal(t, 2, res.Attempts)
+			} else {
+				require.Equal(t, 1, res.Attempts, "key %s", key)
+			}
+		}
+		calls, _ := bundle.ledger.count(permanent)
+		require.Equal(t, 1, calls, "a permanent failure is recorded, and never called again")
 	})
 
 	t.Run("PermanentFailureIsReplayedBySubmit", func(t *testing.T) {

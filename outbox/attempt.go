@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
@@ -67,6 +69,21 @@ const (
 	OutcomeNeedsReview
 	OutcomeRetry
 )
+
+// String names the outcome kind, for logs.
+func (k OutcomeKind) String() string {
+	switch k {
+	case OutcomeSucceeded:
+		return "succeeded"
+	case OutcomeFailed:
+		return "failed"
+	case OutcomeNeedsReview:
+		return "needs_review"
+	case OutcomeRetry:
+		return "retry"
+	}
+	return fmt.Sprintf("OutcomeKind(%d)", int(k))
+}
 
 // dbState is the stored key state a final outcome leaves.
 func (k OutcomeKind) dbState() string {
@@ -324,6 +341,13 @@ const (
 // their attempt without a lease count as written: only that attempt could
 // have ended its lease.
 //
+// Error text is stored sanitised: valid UTF-8 without NUL, at most 2 KiB. A
+// statement that fails for any other reason (one row's data the database
+// rejects) is split, and its outcomes written one by one, so that only the
+// bad row is affected; an outcome that cannot be written even alone sends
+// its key to review with the reason as its last error, so that it is never
+// attempted again, and is logged in full.
+//
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 //
 // API is not stable. DO NOT USE.
@@ -358,10 +382,45 @@ func (c *Client[TTx]) recordAll(ctx context.Context, until time.Time, outs []Out
 		return nil
 	}
 	mayHaveRun, err := c.retryTransient(ctx, until, func(ctx context.Context) error { return stmt(ctx, outs, written) })
-	if err == nil && mayHaveRun {
+	switch {
+	case err == nil && mayHaveRun:
 		return c.readBackRecorded(ctx, until, outs, written)
+	case err == nil || store.IsTransient(err) || ctx.Err() != nil:
+		return err
+	case len(outs) > 1:
+		// One row's bad data fails its whole statement: write row by row, so
+		// that only the bad row is affected.
+		c.config.Logger.WarnContext(ctx, "pgonce: recording a batch of outcomes failed; recording them one by one",
+			"error", err, "outcomes", len(outs))
+		errs := make([]error, 0, len(outs))
+		for _, o := range outs {
+			errs = append(errs, c.recordAll(ctx, until, []Outcome{o}, stmt, written))
+		}
+		return errors.Join(errs...)
 	}
-	return err
+	return c.recordUnrecordable(ctx, until, outs[0], err, written)
+}
+
+// recordUnrecordable sends the key of an outcome that cannot be stored as it
+// is (err says why) to review, so that it is never attempted again: what its
+// provider did is known only to the log.
+func (c *Client[TTx]) recordUnrecordable(ctx context.Context, until time.Time, o Outcome, err error, written map[Key]bool) error {
+	c.config.Logger.ErrorContext(ctx, "pgonce: an outcome cannot be recorded; its key goes to review",
+		"key", o.Key, "attempt", o.Attempt, "outcome", o.Kind.String(), "response", string(o.Response),
+		"failure", string(o.Failure), "outcome_error", errorText(o.Err), "error", err)
+	review := Outcome{
+		Key:     o.Key,
+		Attempt: o.Attempt,
+		Kind:    OutcomeNeedsReview,
+		Err:     fmt.Errorf("%s outcome could not be recorded: %w", o.Kind, err),
+	}
+	_, reviewErr := c.retryTransient(ctx, until, func(ctx context.Context) error {
+		return c.finish(ctx, []Outcome{review}, written)
+	})
+	if reviewErr != nil {
+		return fmt.Errorf("record outcome of %s: %w", o.Key, errors.Join(err, reviewErr))
+	}
+	return nil
 }
 
 // readBackRecorded marks as written the outcomes of outs that an earlier
@@ -471,9 +530,33 @@ func (c *Client[TTx]) release(ctx context.Context, outs []Outcome, written map[K
 	})
 }
 
+// errorText is err's text, made safe to store (see [sanitizeText]).
 func errorText(err error) string {
 	if err == nil {
 		return ""
 	}
-	return err.Error()
+	return sanitizeText(err.Error())
+}
+
+// maxErrorTextBytes bounds the error text stored with a key.
+const maxErrorTextBytes = 2048
+
+// sanitizeText makes text that came from outside, such as a provider's
+// error, safe to store in a text column: PostgreSQL rejects a NUL byte and
+// invalid UTF-8 (SQLSTATE 22021), so both become U+FFFD, and text longer
+// than maxErrorTextBytes is cut on a character boundary and ends in "…".
+func sanitizeText(s string) string {
+	if len(s) <= maxErrorTextBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) > maxErrorTextBytes {
+		const ellipsis = "…"
+		cut := maxErrorTextBytes - len(ellipsis)
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + ellipsis
+	}
+	return s
 }

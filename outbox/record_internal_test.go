@@ -3,10 +3,13 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -57,4 +60,79 @@ func TestRecordReadsBackWhatALostReplyWrote(t *testing.T) {
 	res, err = client.Get(ctx, outcomes[1].Key)
 	require.NoError(t, err)
 	require.Equal(t, StateInFlight, res.State)
+}
+
+func TestRecordFallsBackRowByRowOnADataError(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	schema := pgoncetest.Schema(t)
+	registry := NewRegistry()
+	provider := ProviderFunc(func(context.Context, Request) (json.RawMessage, error) { return nil, nil })
+	require.NoError(t, registry.Register("refund", provider, IdempotentByKey))
+	client, err := NewPgx(pgoncetest.Pool(t), Config{Schema: schema, Registry: registry})
+	require.NoError(t, err)
+
+	var outcomes []Outcome
+	for step := range int64(5) {
+		res, err := client.Submit(ctx, Call{RunID: "run", Step: step, Tool: "refund", Args: map[string]any{}})
+		require.NoError(t, err)
+		_, err = client.claimPending(ctx, res.Key)
+		require.NoError(t, err)
+		outcomes = append(outcomes, Outcome{Key: res.Key, Attempt: 1, Kind: OutcomeSucceeded, Response: json.RawMessage(`{}`), Retention: time.Hour})
+	}
+	outcomes[4].Kind, outcomes[4].Response, outcomes[4].Err = OutcomeRetry, nil, errors.New("503")
+	// The database rejects one row's outcome with a data error, as it
+	// would a value it cannot store.
+	bad := outcomes[2].Key
+	_, err = pgoncetest.Pool(t).Exec(ctx, fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.reject_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '%[2]s' AND NEW.state <> 'needs_review' THEN
+				RAISE EXCEPTION 'value out of range' USING ERRCODE = '22003';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER reject_outcome BEFORE UPDATE ON %[1]s.pgonce_key
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.reject_outcome();`, `"`+schema+`"`, bad))
+	require.NoError(t, err)
+
+	written, err := client.Record(ctx, outcomes)
+	require.NoError(t, err)
+	require.Len(t, written, len(outcomes), "every outcome was written, the bad one as needs review")
+	for i, o := range outcomes {
+		res, err := client.Get(ctx, o.Key)
+		require.NoError(t, err)
+		switch {
+		case o.Key == bad:
+			require.Equal(t, StateNeedsReview, res.State, "never attempted again")
+			require.Contains(t, res.LastError, "succeeded outcome could not be recorded")
+			require.Contains(t, res.LastError, "value out of range")
+		case o.Kind == OutcomeRetry:
+			require.Equal(t, StatePending, res.State)
+		default:
+			require.Equal(t, StateSucceeded, res.State, "outcome %d", i)
+		}
+	}
+}
+
+func TestSanitizeText(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", maxErrorTextBytes) // two bytes each
+	for _, tt := range []struct {
+		name, in, want string
+	}{
+		{"Clean", "503 upstream", "503 upstream"},
+		{"NUL", "a\x00b", "a\uFFFDb"},
+		{"InvalidUTF8", "a\xff\xfeb\xc3", "a\uFFFDb\uFFFD"},
+		// 2045 bytes fit beside the ellipsis; the 2045th is inside an é.
+		{"LongIsCutOnACharacterBoundary", long, long[:maxErrorTextBytes-len("…")-1] + "…"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := sanitizeText(tt.in)
+			require.Equal(t, tt.want, got)
+			require.True(t, utf8.ValidString(got))
+			require.LessOrEqual(t, len(got), maxErrorTextBytes)
+		})
+	}
 }
