@@ -452,6 +452,42 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("ClaimsAgainAfterAHalfOpenConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The dispatcher reaches the database through a proxy that can make
+		// its connections half-open: the server gone without a word.
+		// Room for new connections: one dropped by its deadline keeps its
+		// slot while pgx drains it, for up to 15s.
+		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+		client, err := outbox.NewPgx(pool, outbox.Config{
+			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
+			StatementTimeout: 500 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		// The test submits and reads through the shared pool.
+		first := submit(t, bundle.client, "refund", 1)
+		awaitState(t, bundle.client, first, outbox.StateSucceeded)
+
+		proxy.BlackHole()
+		keys := make([]outbox.Key, 5)
+		for i := range keys {
+			keys[i] = submit(t, bundle.client, "refund", int64(i+2))
+		}
+		for _, key := range keys {
+			require.Eventually(t, func() bool {
+				res, err := bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, 20*time.Second, 10*time.Millisecond, "the dispatcher never claimed %s", key)
+			calls, _ := bundle.ledger.count(key)
+			require.Equal(t, 1, calls)
+		}
+	})
+
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

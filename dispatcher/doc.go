@@ -15,7 +15,10 @@
 // in flight under a lease that ends by the database's clock, and commits
 // before any provider is called: no transaction is held across a network
 // call. Each provider call runs under [Config.CallTimeout], shorter than the
-// lease, so a live worker never outlives its claim. Rows of tools this
+// lease, so a live worker never outlives its claim. Each claim runs under the
+// client's [outbox.Config.StatementTimeout]: a claim stuck on a connection
+// whose server vanished is cancelled, its connection dropped, and the next
+// claim takes another. Rows of tools this
 // process does not register are left for processes that do; rows nobody
 // serves for [Config.UnservedAfter] are reported.
 //

@@ -451,13 +451,15 @@ func (c *Client[TTx]) readBackRecorded(ctx context.Context, until time.Time, out
 	return nil
 }
 
-// retryTransient runs try until it succeeds, fails for good, or until
-// leaves no time for another try after the backoff. It reports whether a
-// failed try may have run on the server.
+// retryTransient runs try, each time under [Config.StatementTimeout], until
+// it succeeds, fails for good, or until leaves no time for another try after
+// the backoff. It reports whether a failed try may have run on the server.
 func (c *Client[TTx]) retryTransient(ctx context.Context, until time.Time, try func(ctx context.Context) error) (mayHaveRun bool, err error) {
 	wait := recordRetryMin
 	for {
-		err = try(ctx)
+		tryCtx, cancel := c.statementContext(ctx)
+		err = try(tryCtx)
+		cancel()
 		if err == nil || !store.IsTransient(err) || ctx.Err() != nil {
 			return mayHaveRun, err
 		}
@@ -476,6 +478,12 @@ func (c *Client[TTx]) retryTransient(ctx context.Context, until time.Time, try f
 		}
 		wait = min(2*wait, recordRetryMax)
 	}
+}
+
+// statementContext bounds one statement pgonce runs on its own by
+// [Config.StatementTimeout].
+func (c *Client[TTx]) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.config.StatementTimeout)
 }
 
 // finish writes final outcomes with OutboxFinish.

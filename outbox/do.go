@@ -41,7 +41,9 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		return Result{}, err
 	}
 	claimedAt := time.Now()
-	res, row, err := c.claim(ctx, c.store.Executor(), d, call, true)
+	claimCtx, cancel := c.statementContext(ctx)
+	res, row, err := c.claim(claimCtx, c.store.Executor(), d, call, true)
+	cancel()
 	if err != nil {
 		return Result{}, err
 	}
@@ -82,16 +84,16 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		// The key stays in flight under its lease; the reconciler resolves it.
 		return res, err
 	}
+	readCtx, cancel := c.statementContext(context.WithoutCancel(ctx))
+	defer cancel()
 	if !written[d.Key] {
 		// Our lease was taken over while the provider ran: report what the
 		// store holds instead. (An outcome written by a try whose reply was
 		// lost counts as written; see Record.)
-		return c.get(ctx, c.store.Executor(), d.Key)
+		return c.get(readCtx, c.store.Executor(), d.Key)
 	}
 	// Read back what was recorded, so that timestamps come from the same
 	// clock as every later Get.
-	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
-	defer cancel()
 	recorded, err := c.get(readCtx, c.store.Executor(), d.Key)
 	if err != nil {
 		return recorded, err
@@ -104,6 +106,8 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 }
 
 func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxClaimKeyRow, error) {
+	ctx, cancel := c.statementContext(ctx)
+	defer cancel()
 	var row *dbpgx.OutboxClaimKeyRow
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
@@ -122,6 +126,8 @@ func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxC
 }
 
 func (c *Client[TTx]) inProgress(ctx context.Context, key Key) (Result, error) {
+	ctx, cancel := c.statementContext(ctx)
+	defer cancel()
 	res, err := c.get(ctx, c.store.Executor(), key)
 	if err != nil {
 		return res, err

@@ -173,7 +173,7 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	for {
 		var rows []*dbpgx.OutboxReclaimExpiredRow
 		claimedAt := time.Now()
-		err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
 			var err error
 			rows, err = q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
 				GraceMs: graceMs,
@@ -220,7 +220,7 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		}
 	}
 
-	err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
 		skipped, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{GraceMs: graceMs, Tools: tools})
 		if err != nil {
 			return fmt.Errorf("count skipped rows: %w", err)
@@ -228,6 +228,12 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		for _, row := range skipped {
 			report.SkippedUnregistered[row.Tool] = int(row.Expired)
 		}
+		return nil
+	})
+	if err != nil {
+		return report, err
+	}
+	err = r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
 		stale, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
 			AgeMs: r.config.StalePending.Milliseconds(),
 		})
@@ -252,6 +258,16 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 			"stale_pending", report.StalePending, "oldest", report.OldestStalePending)
 	}
 	return report, nil
+}
+
+// statement runs f, one statement, on a pool connection under the client's
+// [outbox.Config.StatementTimeout]: a statement that hangs (a connection
+// whose server vanished) is cancelled and its connection dropped, and the
+// next run takes another.
+func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+	ctx, cancel := context.WithTimeout(ctx, r.client.Config().StatementTimeout)
+	defer cancel()
+	return r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error { return f(ctx, q, db) })
 }
 
 // resolve decides one expired row without calling its provider.

@@ -364,3 +364,41 @@ func TestRunOnceBadLookupErrorTextCostsNoOutcome(t *testing.T) {
 	require.True(t, inspection.Queue.Ambiguous, "the next attempt looks up first")
 	require.Equal(t, "lookup: lookup \uFFFD failed \uFFFD", inspection.Queue.LastError)
 }
+
+func TestRunOnceAfterAHalfOpenConnection(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	// The reconciler reaches the database through a proxy that can make its
+	// connections half-open: the server gone without a word.
+	proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+	client, err := outbox.NewPgx(pool, outbox.Config{
+		Schema: bundle.schema, Registry: bundle.client.Config().Registry, StatementTimeout: 500 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	r, err := reconcile.New(client, reconcile.Config{})
+	require.NoError(t, err)
+	_, err = r.RunOnce(t.Context())
+	require.NoError(t, err)
+
+	proxy.BlackHole()
+	key := crashed(t, bundle, "email", 1, "1 hour")
+	// Each run ends within its statements' deadlines, failed or not; one
+	// on fresh connections resolves the row.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.RunOnce(t.Context())
+			done <- err
+		}()
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("RunOnce hangs on a half-open connection")
+		}
+		if err == nil && state(t, bundle, key) == outbox.StateNeedsReview {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the row was never resolved: %v", err)
+	}
+}
