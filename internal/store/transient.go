@@ -14,7 +14,8 @@ import (
 // survive when it runs again on another connection: the connection was lost
 // or could not be had (a killed backend, a restarting or unreachable server,
 // a network cut, a statement deadline), or PostgreSQL refused for the
-// moment (too many connections, a serialization failure, a deadlock). The
+// moment (too many connections, a serialization failure, a deadlock, a
+// server-side statement_timeout, lock_timeout or cancel request). The
 // caller's own context being done is not transient: nothing retries for a
 // caller who left. Errors in the statement or its data (a missing table, a
 // bad value) are not transient either.
@@ -32,6 +33,10 @@ func IsTransient(err error) bool {
 		case pgErr.Code == "53300": // too many connections
 			return true
 		case pgErr.Code == "40001", pgErr.Code == "40P01":
+			return true
+		case pgErr.Code == "57014": // query canceled: statement_timeout or a cancel request
+			return true
+		case pgErr.Code == "55P03": // lock not available: lock_timeout
 			return true
 		}
 		return false
@@ -62,4 +67,21 @@ func IsTransient(err error) bool {
 // statement surely never reached the server.
 func MayHaveRun(err error) bool {
 	return err != nil && !pgconn.SafeToRetry(err)
+}
+
+// IsDataError reports whether err is PostgreSQL rejecting the data of a
+// statement (SQLSTATE classes 22, data exception, and 23, integrity
+// constraint violation, and 54, a value past a program limit): in a
+// statement over a batch of rows, one bad row fails them all, and the rows
+// written one by one would fail only alone.
+func IsDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
 }
