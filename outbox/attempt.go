@@ -342,11 +342,13 @@ const (
 // have ended its lease.
 //
 // Error text is stored sanitised: valid UTF-8 without NUL, at most 2 KiB. A
-// statement that fails for any other reason (one row's data the database
-// rejects) is split, and its outcomes written one by one, so that only the
-// bad row is affected; an outcome that cannot be written even alone sends
-// its key to review with the reason as its last error, so that it is never
-// attempted again, and is logged in full.
+// statement over several outcomes that fails for good (one row's data the
+// database rejects fails its whole batch) is split, and its outcomes written
+// one by one, so that only the bad row is affected. An outcome whose own
+// data the database rejects ([store.IsDataError]) sends its key to review,
+// with the reason as its last error, so that it is never attempted again,
+// and is logged in full; after any other failure its key stays in flight
+// for the reconciler.
 //
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 //
@@ -397,6 +399,9 @@ func (c *Client[TTx]) recordAll(ctx context.Context, until time.Time, outs []Out
 			errs = append(errs, c.recordAll(ctx, until, []Outcome{o}, stmt, written))
 		}
 		return errors.Join(errs...)
+	case !store.IsDataError(err):
+		// Not this row's data: the row stays in flight for the reconciler.
+		return err
 	}
 	return c.recordUnrecordable(ctx, until, outs[0], err, written)
 }

@@ -84,17 +84,7 @@ func TestRecordFallsBackRowByRowOnADataError(t *testing.T) {
 	// The database rejects one row's outcome with a data error, as it
 	// would a value it cannot store.
 	bad := outcomes[2].Key
-	_, err = pgoncetest.Pool(t).Exec(ctx, fmt.Sprintf(`
-		CREATE FUNCTION %[1]s.reject_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.key = '%[2]s' AND NEW.state <> 'needs_review' THEN
-				RAISE EXCEPTION 'value out of range' USING ERRCODE = '22003';
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER reject_outcome BEFORE UPDATE ON %[1]s.pgonce_key
-			FOR EACH ROW EXECUTE FUNCTION %[1]s.reject_outcome();`, `"`+schema+`"`, bad))
-	require.NoError(t, err)
+	rejectOutcome(t, schema, bad, "22003")
 
 	written, err := client.Record(ctx, outcomes)
 	require.NoError(t, err)
@@ -113,6 +103,54 @@ func TestRecordFallsBackRowByRowOnADataError(t *testing.T) {
 			require.Equal(t, StateSucceeded, res.State, "outcome %d", i)
 		}
 	}
+}
+
+// rejectOutcome makes the database reject, with an error of sqlState,
+// every write of key's row but one that sends it to review.
+func rejectOutcome(t *testing.T, schema string, key Key, sqlState string) {
+	t.Helper()
+	_, err := pgoncetest.Pool(t).Exec(t.Context(), fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.reject_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '%[2]s' AND NEW.state <> 'needs_review' THEN
+				RAISE EXCEPTION 'value out of range' USING ERRCODE = '%[3]s';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER reject_outcome BEFORE UPDATE ON %[1]s.pgonce_key
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.reject_outcome();`, `"`+schema+`"`, key, sqlState))
+	require.NoError(t, err)
+}
+
+func TestRecordLeavesInFlightWhatFailsForAnotherReason(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	schema := pgoncetest.Schema(t)
+	registry := NewRegistry()
+	provider := ProviderFunc(func(context.Context, Request) (json.RawMessage, error) { return nil, nil })
+	require.NoError(t, registry.Register("refund", provider, IdempotentByKey))
+	client, err := NewPgx(pgoncetest.Pool(t), Config{Schema: schema, Registry: registry})
+	require.NoError(t, err)
+	var outcomes []Outcome
+	for step := range int64(3) {
+		res, err := client.Submit(ctx, Call{RunID: "run", Step: step, Tool: "refund", Args: map[string]any{}})
+		require.NoError(t, err)
+		_, err = client.claimPending(ctx, res.Key)
+		require.NoError(t, err)
+		outcomes = append(outcomes, Outcome{Key: res.Key, Attempt: 1, Kind: OutcomeSucceeded, Response: json.RawMessage(`{}`), Retention: time.Hour})
+	}
+	// Not the row's data (a raise_exception of a trigger): whatever it is,
+	// the provider's success must not go to review, and nothing says the
+	// next try would do better.
+	bad := outcomes[1].Key
+	rejectOutcome(t, schema, bad, "P0001")
+
+	written, err := client.Record(ctx, outcomes)
+	require.ErrorContains(t, err, "SQLSTATE P0001")
+	require.Equal(t, map[Key]bool{outcomes[0].Key: true, outcomes[2].Key: true}, written)
+	res, err := client.Get(ctx, bad)
+	require.NoError(t, err)
+	require.Equal(t, StateInFlight, res.State, "left for the reconciler")
 }
 
 func TestSanitizeText(t *testing.T) {
