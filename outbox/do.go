@@ -32,9 +32,13 @@ import (
 // [IsAmbiguous]), or a panic, which may come after the provider acted, does
 // the same for [IdempotentByKey] tools, makes the next attempt look up first
 // for [LookupByNaturalID] tools, and sends [AtMostOnce] tools to
-// [StateNeedsReview]. If the process dies between the
-// claim and the record, the key stays in flight until its lease expires and
-// the reconciler resolves it.
+// [StateNeedsReview].
+//
+// The claim runs under [Config.StatementTimeout]; recording the outcome is
+// tried again after a transient failure, such as a killed connection, within
+// the lease (see [Client.Record]). If the process dies between the claim and
+// the record, the key stays in flight until its lease expires and the
+// reconciler resolves it.
 func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {
 	d, tool, err := c.prepare(call)
 	if err != nil {
