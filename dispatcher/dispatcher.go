@@ -208,6 +208,12 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 		return nil, nil
 	}
 	var rows []*dbpgx.OutboxClaimBatchRow
+	// A claim that hangs (a connection whose server vanished) would stop the
+	// dispatcher: its deadline drops the connection, and the next claim
+	// takes another.
+	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
+	defer cancel()
+	claimedAt := time.Now()
 	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		rows, err = q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
@@ -234,7 +240,10 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 			},
 			Ambiguous:        row.Ambiguous,
 			FirstAttemptedAt: row.FirstAttemptedAt,
+			ClaimedNow:       row.Now,
+			ClaimedAt:        claimedAt,
 			MaxAttempts:      d.config.MaxAttempts,
+			Lease:            d.config.Lease,
 		})
 	}
 	return attempts, nil
@@ -271,6 +280,7 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 		for _, p := range pending {
 			batch = append(batch, p.outcome)
 		}
+		// Record tries again after transient failures, within the leases.
 		if _, err := d.client.Record(context.Background(), batch); err != nil {
 			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
 				"error", err, "outcomes", len(batch))
@@ -316,9 +326,11 @@ func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
 
 func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
 	var rows []*dbpgx.OutboxCountUnservedRow
-	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	countCtx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
+	defer cancel()
+	err := d.store.Pgx(countCtx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
-		rows, err = q.OutboxCountUnserved(ctx, db, &dbpgx.OutboxCountUnservedParams{
+		rows, err = q.OutboxCountUnserved(countCtx, db, &dbpgx.OutboxCountUnservedParams{
 			Tools: d.registry.Names(),
 			AgeMs: d.config.UnservedAfter.Milliseconds(),
 		})

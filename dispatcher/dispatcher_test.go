@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,6 +61,16 @@ func (l *ledger) Lookup(_ context.Context, req outbox.Request) (json.RawMessage,
 		return nil, false, nil
 	}
 	return json.RawMessage(fmt.Sprintf(`{"key":%q,"found":true}`, req.Key)), true, nil
+}
+
+// lookupProvider calls one provider and looks up with another.
+type lookupProvider struct {
+	outbox.Provider
+	lookuper outbox.Lookuper
+}
+
+func (p lookupProvider) Lookup(ctx context.Context, req outbox.Request) (json.RawMessage, bool, error) {
+	return p.lookuper.Lookup(ctx, req)
 }
 
 func (l *ledger) count(key outbox.Key) (calls, effects int) {
@@ -230,6 +241,65 @@ func TestDispatcher(t *testing.T) {
 		require.Equal(t, 3, calls)
 	})
 
+	t.Run("BadErrorTextCostsNoOutcome", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		const rows = 60
+		keys := make([]outbox.Key, rows)
+		for i := range keys {
+			keys[i] = submit(t, bundle.client, "refund", int64(i))
+		}
+		// Every first attempt returns together, so that the outcomes share
+		// record statements; two return error text PostgreSQL rejects in a
+		// text column: a NUL byte and invalid UTF-8.
+		permanent, retried := keys[7], keys[42]
+		var arrived atomic.Int64
+		together := make(chan struct{})
+		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
+			if req.Attempt == 1 {
+				if arrived.Add(1) == rows {
+					close(together)
+				}
+				select {
+				case <-together:
+				case <-time.After(30 * time.Second): // fail, rather than hang, if the claims split
+				}
+			}
+			switch {
+			case req.Key == permanent:
+				return false, outbox.Permanent(errors.New("card \x00 declined \xff\xfe"))
+			case req.Key == retried && req.Attempt == 1:
+				return false, errors.New("503 \x00 upstream \xc3")
+			}
+			return true, nil
+		}
+		config := fastConfig()
+		config.Concurrency, config.BatchSize = rows, rows
+		d, err := dispatcher.New(bundle.client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		failed := awaitState(t, bundle.client, permanent, outbox.StateFailed)
+		require.True(t, utf8.Valid(failed.Failure), "the failure body is valid UTF-8")
+		require.True(t, json.Valid(failed.Failure))
+		require.NotContains(t, string(failed.Failure), `\u0000`)
+		require.Contains(t, string(failed.Failure), "declined")
+		require.Equal(t, "permanent: card \uFFFD declined \uFFFD", failed.LastError)
+		for _, key := range keys {
+			if key == permanent {
+				continue
+			}
+			res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+			if key == retried {
+				require.Equal(t, 2, res.Attempts)
+			} else {
+				require.Equal(t, 1, res.Attempts, "key %s", key)
+			}
+		}
+		calls, _ := bundle.ledger.count(permanent)
+		require.Equal(t, 1, calls, "a permanent failure is recorded, and never called again")
+	})
+
 	t.Run("PermanentFailureIsReplayedBySubmit", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)
@@ -268,6 +338,154 @@ func TestDispatcher(t *testing.T) {
 		key := submit(t, bundle.client, "refund", 1)
 		res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
 		require.Equal(t, 2, res.Attempts)
+	})
+
+	t.Run("PanicAfterActingIsAnUncertainOutcome", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The provider acts on the first attempt, then panics.
+		actThenPanic := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			resp, err := bundle.ledger.Call(ctx, req)
+			if req.Attempt == 1 {
+				panic("nil map write")
+			}
+			return resp, err
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("provision", lookupProvider{actThenPanic, bundle.ledger}, outbox.LookupByNaturalID))
+		require.NoError(t, registry.Register("email", actThenPanic, outbox.AtMostOnce))
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		provisioned := submit(t, client, "provision", 1)
+		emailed := submit(t, client, "email", 2)
+
+		res := awaitState(t, client, provisioned, outbox.StateSucceeded)
+		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, provisioned), string(res.Response),
+			"the next attempt looked up first and found the effect")
+		res = awaitState(t, client, emailed, outbox.StateNeedsReview)
+		require.Contains(t, res.LastError, "nil map write")
+		for _, key := range []outbox.Key{provisioned, emailed} {
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, "key %s", key)
+			require.Equal(t, 1, effects, "key %s", key)
+		}
+	})
+
+	t.Run("KeyRetentionIsMeasuredOnTheDatabaseClock", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The database's clock is an hour ahead of this process's.
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.RegisterWithOpts("refund", bundle.ledger, outbox.IdempotentByKey,
+			&outbox.ToolOpts{KeyRetention: time.Hour}))
+		client, err := outbox.NewPgx(pgoncetest.ShiftedClockPool(t, time.Hour),
+			outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+
+		// An uncertain first attempt that acted 90 minutes ago by the
+		// database's clock (30 by the local one): the provider has forgotten
+		// its key, so a retry by key would act twice.
+		key := submit(t, client, "refund", 1)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
+			SET attempt = 1, ambiguous = true, first_attempted_at = pg_catalog.now() - interval '30 minutes'
+			WHERE key = $1`, string(key))
+		require.NoError(t, err)
+		bundle.ledger.mu.Lock()
+		bundle.ledger.effects[key] = 1
+		bundle.ledger.mu.Unlock()
+
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		res := awaitState(t, client, key, outbox.StateSucceeded)
+		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, key), string(res.Response),
+			"past the provider's key retention the attempt looks up first")
+		calls, effects := bundle.ledger.count(key)
+		require.Zero(t, calls, "no retry by a forgotten key")
+		require.Equal(t, 1, effects)
+	})
+
+	t.Run("OutcomeSurvivesAKilledConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The provider acts, and then the server kills every connection of
+		// the dispatcher's pool: recording the outcome meets a dead one.
+		pool, kill := pgoncetest.KillablePool(t)
+		killing := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			resp, err := bundle.ledger.Call(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return resp, kill(ctx)
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", killing, outbox.IdempotentByKey))
+		require.NoError(t, registry.Register("email", killing, outbox.AtMostOnce))
+		// No listener, and one call at a time: nothing else in the
+		// dispatcher uses, and so replaces, the dead connections.
+		client, err := outbox.NewPgx(pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: true})
+		require.NoError(t, err)
+		config := fastConfig()
+		config.Concurrency = 1
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		// The test submits and reads through a pool of its own, so that only
+		// the dispatcher meets the dead connections.
+		for step, tool := range []string{"refund", "email"} {
+			key := submit(t, bundle.client, tool, int64(step))
+			var res outbox.Result
+			require.Eventually(t, func() bool {
+				res, err = bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, 15*time.Second, 5*time.Millisecond, "%s: the provider's success was not recorded", tool)
+			require.Equal(t, 1, res.Attempts)
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, tool)
+			require.Equal(t, 1, effects, tool)
+		}
+	})
+
+	t.Run("ClaimsAgainAfterAHalfOpenConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// The dispatcher reaches the database through a proxy that can make
+		// its connections half-open: the server gone without a word.
+		// Room for new connections: one dropped by its deadline keeps its
+		// slot while pgx drains it, for up to 15s.
+		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+		client, err := outbox.NewPgx(pool, outbox.Config{
+			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
+			StatementTimeout: 500 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		// The test submits and reads through the shared pool.
+		first := submit(t, bundle.client, "refund", 1)
+		awaitState(t, bundle.client, first, outbox.StateSucceeded)
+
+		proxy.BlackHole()
+		keys := make([]outbox.Key, 5)
+		for i := range keys {
+			keys[i] = submit(t, bundle.client, "refund", int64(i+2))
+		}
+		for _, key := range keys {
+			require.Eventually(t, func() bool {
+				res, err := bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, 20*time.Second, 10*time.Millisecond, "the dispatcher never claimed %s", key)
+			calls, _ := bundle.ledger.count(key)
+			require.Equal(t, 1, calls)
+		}
 	})
 
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {

@@ -15,7 +15,10 @@
 // in flight under a lease that ends by the database's clock, and commits
 // before any provider is called: no transaction is held across a network
 // call. Each provider call runs under [Config.CallTimeout], shorter than the
-// lease, so a live worker never outlives its claim. Rows of tools this
+// lease, so a live worker never outlives its claim. Each claim runs under the
+// client's [outbox.Config.StatementTimeout]: a claim stuck on a connection
+// whose server vanished is cancelled, its connection dropped, and the next
+// claim takes another. Rows of tools this
 // process does not register are left for processes that do; rows nobody
 // serves for [Config.UnservedAfter] are reported.
 //
@@ -24,12 +27,16 @@
 // A response is stored verbatim and the key leaves the queue;
 // [outbox.Permanent] is stored as the failure; other errors go back to
 // pending after an exponential, jittered backoff until [Config.MaxAttempts],
-// after which the key fails with the last error. A panic is recovered and retried. After an
-// uncertain attempt ([outbox.IsAmbiguous]) the tool's [outbox.Delivery]
-// decides: retry with the same key, look up before writing, or send the key
-// to review. Outcomes that finish together are recorded in one statement,
-// each fenced by its attempt, so a worker whose lease was taken over changes
-// nothing.
+// after which the key fails with the last error. After an uncertain attempt
+// ([outbox.IsAmbiguous]), and after a provider panic, which may come after
+// the provider acted, the tool's [outbox.Delivery] decides: retry with the
+// same key, look up before writing, or send the key to review.
+//
+// Outcomes that finish together are recorded in one statement, each fenced
+// by its attempt, so a worker whose lease was taken over changes nothing. A
+// record statement that fails transiently is tried again on another
+// connection for up to [outbox.RecordTimeout], never past the lease (see
+// [outbox.Client.Record]).
 //
 // # Wake-ups and shutdown
 //

@@ -6,10 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 // Attempt is one claimed attempt of a key, as the inline path and the
@@ -23,11 +27,34 @@ type Attempt struct {
 	Request Request
 	// Ambiguous reports that an earlier attempt may have acted.
 	Ambiguous bool
-	// FirstAttemptedAt starts the provider's key-retention window.
+	// FirstAttemptedAt starts the provider's key-retention window, by the
+	// database's clock.
 	FirstAttemptedAt time.Time
+	// ClaimedNow is the database's clock when the attempt was claimed, as the
+	// claiming statement read it, and ClaimedAt the local clock (with its
+	// monotonic reading) taken just before that statement was sent. Time
+	// since FirstAttemptedAt is ClaimedNow - FirstAttemptedAt plus the local
+	// time elapsed since ClaimedAt: it never compares the local clock with
+	// the database's, which may disagree by any amount. A zero ClaimedNow
+	// means the time since the first attempt is unknown.
+	ClaimedNow time.Time
+	ClaimedAt  time.Time
 	// MaxAttempts turns a retryable failure into a final one at this attempt.
 	// Zero means no limit.
 	MaxAttempts int
+	// Lease is how long the claim holds the key, from the claim; with
+	// ClaimedAt it gives the local time by which the lease has surely not yet
+	// ended. Zero means unknown.
+	Lease time.Duration
+}
+
+// leaseDeadline is the local time before which the attempt's lease surely
+// holds: the lease was set, by the database, after ClaimedAt.
+func (a Attempt) leaseDeadline() time.Time {
+	if a.Lease <= 0 || a.ClaimedAt.IsZero() {
+		return time.Time{}
+	}
+	return a.ClaimedAt.Add(a.Lease)
 }
 
 // OutcomeKind classifies how an attempt ended.
@@ -42,6 +69,21 @@ const (
 	OutcomeNeedsReview
 	OutcomeRetry
 )
+
+// String names the outcome kind, for logs.
+func (k OutcomeKind) String() string {
+	switch k {
+	case OutcomeSucceeded:
+		return "succeeded"
+	case OutcomeFailed:
+		return "failed"
+	case OutcomeNeedsReview:
+		return "needs_review"
+	case OutcomeRetry:
+		return "retry"
+	}
+	return fmt.Sprintf("OutcomeKind(%d)", int(k))
+}
 
 // dbState is the stored key state a final outcome leaves.
 func (k OutcomeKind) dbState() string {
@@ -70,13 +112,18 @@ type Outcome struct {
 	RetryDelay time.Duration
 	Ambiguous  bool
 	Err        error
+	// LeaseDeadline, when set, is the local time by which the attempt's
+	// lease surely still holds: [Client.Record] tries no statement again
+	// past it.
+	LeaseDeadline time.Time
 }
 
 // RunAttempt runs one claimed attempt: a lookup first where an earlier
 // attempt left the effect unknown and the tool can look up, then the provider
 // call under [Config.CallTimeout] unless callTimeout overrides it. It never
-// panics: a provider panic becomes a retryable failure. backoff gives the
-// delay before retry n (from 1).
+// panics: a provider that panics may have acted before it did, so a panic is
+// an uncertain outcome ([IsAmbiguous]) and follows the tool's [Delivery]
+// like any other. backoff gives the delay before retry n (from 1).
 //
 // API is not stable. DO NOT USE.
 func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, callTimeout time.Duration, backoff func(attempt int) time.Duration) Outcome {
@@ -84,7 +131,12 @@ func (c *Client[TTx]) RunAttempt(ctx context.Context, a Attempt, p Provider, cal
 		callTimeout = c.config.CallTimeout
 	}
 	tool := a.Tool
-	out := Outcome{Key: a.Request.Key, Attempt: a.Request.Attempt, Retention: cmp.Or(tool.Opts.Retention, c.config.Retention)}
+	out := Outcome{
+		Key:           a.Request.Key,
+		Attempt:       a.Request.Attempt,
+		Retention:     cmp.Or(tool.Opts.Retention, c.config.Retention),
+		LeaseDeadline: a.leaseDeadline(),
+	}
 	if p == nil {
 		p = tool.Provider
 	}
@@ -162,7 +214,7 @@ func (c *Client[TTx]) Settle(ctx context.Context, a Attempt, p Provider, callTim
 	}
 	lookuper, canLookup := p.(Lookuper)
 	pastKeyWindow := tool.Delivery == IdempotentByKey && tool.Opts.KeyRetention > 0 &&
-		!a.FirstAttemptedAt.IsZero() && c.now().Sub(a.FirstAttemptedAt) > tool.Opts.KeyRetention
+		!a.FirstAttemptedAt.IsZero() && a.sinceFirstAttempt() > tool.Opts.KeyRetention
 	switch {
 	case tool.Delivery == AtMostOnce:
 		return SettleReview, nil, nil
@@ -184,6 +236,20 @@ func (c *Client[TTx]) Settle(ctx context.Context, a Attempt, p Provider, callTim
 		return SettleReview, nil, nil
 	}
 	return SettleByKey, nil, nil
+}
+
+// sinceFirstAttempt is how long ago the key was first attempted, by the
+// database's clock (see [Attempt.ClaimedNow]). Unknown counts as forever: a
+// retry by key is only safe when the provider surely still remembers it.
+func (a Attempt) sinceFirstAttempt() time.Duration {
+	if a.ClaimedNow.IsZero() {
+		return math.MaxInt64
+	}
+	elapsed := a.ClaimedNow.Sub(a.FirstAttemptedAt)
+	if !a.ClaimedAt.IsZero() {
+		elapsed += time.Since(a.ClaimedAt)
+	}
+	return elapsed
 }
 
 func (o Outcome) succeeded(resp json.RawMessage) Outcome {
@@ -222,7 +288,8 @@ func isPermanent(err error) bool {
 }
 
 // call runs the provider under the call timeout and turns a panic into an
-// error that keeps the stack.
+// ambiguous error, logged with its stack: the provider may have acted before
+// it panicked, so a panic is never taken for "nothing happened".
 func (c *Client[TTx]) call(ctx context.Context, p Provider, req Request, timeout time.Duration) (resp json.RawMessage, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -230,7 +297,7 @@ func (c *Client[TTx]) call(ctx context.Context, p Provider, req Request, timeout
 		if r := recover(); r != nil {
 			c.config.Logger.ErrorContext(ctx, "pgonce: provider panicked",
 				"tool", req.Tool, "key", req.Key, "attempt", req.Attempt, "panic", r, "stack", string(debug.Stack()))
-			err = fmt.Errorf("provider panicked: %v", r)
+			err = Ambiguous(fmt.Errorf("provider panicked: %v", r))
 		}
 	}()
 	return p.Call(ctx, req)
@@ -254,66 +321,255 @@ func (c *Client[TTx]) lookup(ctx context.Context, l Lookuper, req Request, timeo
 // persisting after a cancel.
 const RecordTimeout = 10 * time.Second
 
-// Record persists outcomes in at most two statements, each fenced by its
-// attempt, and returns the keys whose outcome was written. An outcome whose
-// attempt no longer holds its key (the lease was taken over) writes nothing.
+// Backoff between the tries of a statement that records outcomes.
+const (
+	recordRetryMin = 20 * time.Millisecond
+	recordRetryMax = time.Second
+)
+
+// Record persists outcomes, each fenced by its attempt, and returns the keys
+// whose outcome it wrote. An outcome whose attempt no longer holds its key
+// (the lease was taken over) writes nothing. Outcomes finished together are
+// written in one statement, retries in another.
+//
+// A statement that fails transiently ([store.IsTransient]: a killed
+// connection, a restarting server) is tried again on another connection,
+// with a backoff from 20ms to 1s, for up to [RecordTimeout] and never past
+// the earliest lease among outcomes (see [Outcome.LeaseDeadline]). The fence
+// makes this safe. When a try may have run although its reply was lost, the
+// keys the next try finds no longer held are read back, and those left at
+// their attempt without a lease count as written: only that attempt could
+// have ended its lease.
+//
+// Error text is stored sanitised: valid UTF-8 without NUL, at most 2 KiB. A
+// statement over several outcomes that fails for good (one row's data the
+// database rejects fails its whole batch) is split, and its outcomes written
+// one by one, so that only the bad row is affected. An outcome whose own
+// data the database rejects ([store.IsDataError]) sends its key to review,
+// with the reason as its last error, so that it is never attempted again,
+// and is logged in full; after any other failure its key stays in flight
+// for the reconciler.
+//
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 //
 // API is not stable. DO NOT USE.
 func (c *Client[TTx]) Record(ctx context.Context, outcomes []Outcome) (map[Key]bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
 	defer cancel()
-	written := make(map[Key]bool, len(outcomes))
-	finish := &dbpgx.OutboxFinishParams{Now: c.nowParam(), TombstoneMs: c.config.TombstoneRetention.Milliseconds()}
-	release := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
-	if !c.config.NotifyDisabled {
-		finish.Channel = c.store.DoneChannel
-		release.Channel = c.store.WorkChannel
-	}
+	until, _ := ctx.Deadline()
+	var finishes, releases []Outcome
 	for _, o := range outcomes {
+		if !o.LeaseDeadline.IsZero() && o.LeaseDeadline.Before(until) {
+			until = o.LeaseDeadline
+		}
 		if o.Kind == OutcomeRetry {
-			release.Key = append(release.Key, string(o.Key))
-			release.Attempt = append(release.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-			release.DelayMs = append(release.DelayMs, o.RetryDelay.Milliseconds())
-			release.Ambiguous = append(release.Ambiguous, o.Ambiguous)
-			release.LastError = append(release.LastError, errorText(o.Err))
-			continue
+			releases = append(releases, o)
+		} else {
+			finishes = append(finishes, o)
 		}
-		finish.Key = append(finish.Key, string(o.Key))
-		finish.Attempt = append(finish.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-		finish.State = append(finish.State, o.Kind.dbState())
-		finish.Response = append(finish.Response, o.Response)
-		finish.Failure = append(finish.Failure, o.Failure)
-		finish.RetentionMs = append(finish.RetentionMs, o.Retention.Milliseconds())
-		finish.LastError = append(finish.LastError, errorText(o.Err))
 	}
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		if len(finish.Key) > 0 {
-			rows, err := q.OutboxFinish(ctx, db, finish)
-			if err != nil {
-				return fmt.Errorf("record outcomes: %w", err)
-			}
-			for _, row := range rows {
-				written[Key(row.Key)] = true
-			}
+	written := make(map[Key]bool, len(outcomes))
+	finishErr := c.recordAll(ctx, until, finishes, c.finish, written)
+	releaseErr := c.recordAll(ctx, until, releases, c.release, written)
+	return written, errors.Join(finishErr, releaseErr)
+}
+
+// recordStatement writes outs in one statement and marks the keys written.
+type recordStatement func(ctx context.Context, outs []Outcome, written map[Key]bool) error
+
+// recordAll writes outs with stmt, trying again while failures are transient
+// and until allows.
+func (c *Client[TTx]) recordAll(ctx context.Context, until time.Time, outs []Outcome, stmt recordStatement, written map[Key]bool) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	mayHaveRun, err := c.retryTransient(ctx, until, func(ctx context.Context) error { return stmt(ctx, outs, written) })
+	switch {
+	case err == nil && mayHaveRun:
+		return c.readBackRecorded(ctx, until, outs, written)
+	case err == nil || store.IsTransient(err) || ctx.Err() != nil:
+		return err
+	case len(outs) > 1:
+		// One row's bad data fails its whole statement: write row by row, so
+		// that only the bad row is affected.
+		c.config.Logger.WarnContext(ctx, "pgonce: recording a batch of outcomes failed; recording them one by one",
+			"error", err, "outcomes", len(outs))
+		errs := make([]error, 0, len(outs))
+		for _, o := range outs {
+			errs = append(errs, c.recordAll(ctx, until, []Outcome{o}, stmt, written))
 		}
-		if len(release.Key) > 0 {
-			rows, err := q.OutboxRelease(ctx, db, release)
-			if err != nil {
-				return fmt.Errorf("release attempts: %w", err)
+		return errors.Join(errs...)
+	case !store.IsDataError(err):
+		// Not this row's data: the row stays in flight for the reconciler.
+		return err
+	}
+	return c.recordUnrecordable(ctx, until, outs[0], err, written)
+}
+
+// recordUnrecordable sends the key of an outcome that cannot be stored as it
+// is (err says why) to review, so that it is never attempted again: what its
+// provider did is known only to the log.
+func (c *Client[TTx]) recordUnrecordable(ctx context.Context, until time.Time, o Outcome, err error, written map[Key]bool) error {
+	c.config.Logger.ErrorContext(ctx, "pgonce: an outcome cannot be recorded; its key goes to review",
+		"key", o.Key, "attempt", o.Attempt, "outcome", o.Kind.String(), "response", string(o.Response),
+		"failure", string(o.Failure), "outcome_error", errorText(o.Err), "error", err)
+	review := Outcome{
+		Key:     o.Key,
+		Attempt: o.Attempt,
+		Kind:    OutcomeNeedsReview,
+		Err:     fmt.Errorf("%s outcome could not be recorded: %w", o.Kind, err),
+	}
+	_, reviewErr := c.retryTransient(ctx, until, func(ctx context.Context) error {
+		return c.finish(ctx, []Outcome{review}, written)
+	})
+	if reviewErr != nil {
+		return fmt.Errorf("record outcome of %s: %w", o.Key, errors.Join(err, reviewErr))
+	}
+	return nil
+}
+
+// readBackRecorded marks as written the outcomes of outs that an earlier
+// try wrote although its reply was lost.
+func (c *Client[TTx]) readBackRecorded(ctx context.Context, until time.Time, outs []Outcome, written map[Key]bool) error {
+	params := &dbpgx.OutboxRecordedAttemptsParams{}
+	for _, o := range outs {
+		if !written[o.Key] {
+			params.Key = append(params.Key, string(o.Key))
+			params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		}
+	}
+	if len(params.Key) == 0 {
+		return nil
+	}
+	_, err := c.retryTransient(ctx, until, func(ctx context.Context) error {
+		return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+			keys, err := q.OutboxRecordedAttempts(ctx, db, params)
+			for _, key := range keys {
+				written[Key(key)] = true
 			}
-			for _, row := range rows {
-				written[Key(row.Key)] = true
-			}
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("read back recorded outcomes: %w", err)
+	}
+	return nil
+}
+
+// retryTransient runs try, each time under [Config.StatementTimeout], until
+// it succeeds, fails for good, or until leaves no time for another try after
+// the backoff. It reports whether a failed try may have run on the server.
+func (c *Client[TTx]) retryTransient(ctx context.Context, until time.Time, try func(ctx context.Context) error) (mayHaveRun bool, err error) {
+	wait := recordRetryMin
+	for {
+		tryCtx, cancel := c.statementContext(ctx)
+		err = try(tryCtx)
+		cancel()
+		if err == nil || !store.IsTransient(err) || ctx.Err() != nil {
+			return mayHaveRun, err
+		}
+		mayHaveRun = mayHaveRun || store.MayHaveRun(err)
+		if time.Now().Add(wait).After(until) {
+			return mayHaveRun, err
+		}
+		c.config.Logger.WarnContext(ctx, "pgonce: recording outcomes failed; trying again",
+			"error", err, "retry_in", wait)
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return mayHaveRun, err
+		case <-timer.C:
+		}
+		wait = min(2*wait, recordRetryMax)
+	}
+}
+
+// statementContext bounds one statement pgonce runs on its own by
+// [Config.StatementTimeout].
+func (c *Client[TTx]) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.config.StatementTimeout)
+}
+
+// finish writes final outcomes with OutboxFinish.
+func (c *Client[TTx]) finish(ctx context.Context, outs []Outcome, written map[Key]bool) error {
+	params := &dbpgx.OutboxFinishParams{Now: c.nowParam(), TombstoneMs: c.config.TombstoneRetention.Milliseconds()}
+	if !c.config.NotifyDisabled {
+		params.Channel = c.store.DoneChannel
+	}
+	for _, o := range outs {
+		params.Key = append(params.Key, string(o.Key))
+		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		params.State = append(params.State, o.Kind.dbState())
+		params.Response = append(params.Response, o.Response)
+		params.Failure = append(params.Failure, o.Failure)
+		params.RetentionMs = append(params.RetentionMs, o.Retention.Milliseconds())
+		params.LastError = append(params.LastError, errorText(o.Err))
+	}
+	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxFinish(ctx, db, params)
+		if err != nil {
+			return fmt.Errorf("record outcomes: %w", err)
+		}
+		for _, row := range rows {
+			written[Key(row.Key)] = true
 		}
 		return nil
 	})
-	return written, err
 }
 
+// release puts retryable attempts back to pending with OutboxRelease.
+func (c *Client[TTx]) release(ctx context.Context, outs []Outcome, written map[Key]bool) error {
+	params := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
+	if !c.config.NotifyDisabled {
+		params.Channel = c.store.WorkChannel
+	}
+	for _, o := range outs {
+		params.Key = append(params.Key, string(o.Key))
+		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		params.DelayMs = append(params.DelayMs, o.RetryDelay.Milliseconds())
+		params.Ambiguous = append(params.Ambiguous, o.Ambiguous)
+		params.LastError = append(params.LastError, errorText(o.Err))
+	}
+	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxRelease(ctx, db, params)
+		if err != nil {
+			return fmt.Errorf("release attempts: %w", err)
+		}
+		for _, row := range rows {
+			written[Key(row.Key)] = true
+		}
+		return nil
+	})
+}
+
+// errorText is err's text, made safe to store (see [sanitizeText]).
 func errorText(err error) string {
 	if err == nil {
 		return ""
 	}
-	return err.Error()
+	return sanitizeText(err.Error())
+}
+
+// maxErrorTextBytes bounds the error text stored with a key.
+const maxErrorTextBytes = 2048
+
+// sanitizeText makes text that came from outside, such as a provider's
+// error, safe to store in a text column: PostgreSQL rejects a NUL byte and
+// invalid UTF-8 (SQLSTATE 22021), so both become U+FFFD, and text longer
+// than maxErrorTextBytes is cut on a character boundary and ends in "…".
+func sanitizeText(s string) string {
+	if len(s) <= maxErrorTextBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) > maxErrorTextBytes {
+		const ellipsis = "…"
+		cut := maxErrorTextBytes - len(ellipsis)
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + ellipsis
+	}
+	return s
 }

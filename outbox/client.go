@@ -129,7 +129,7 @@ func (c *Client[TTx]) Get(ctx context.Context, key Key) (Result, error) {
 }
 
 func (c *Client[TTx]) get(ctx context.Context, exec store.Executor, key Key) (Result, error) {
-	row, err := exec.KeyGet(ctx, &dbpgx.KeyGetParams{Key: string(key)})
+	row, err := exec.KeyGet(ctx, &dbpgx.KeyGetParams{Key: string(key), Now: c.nowParam()})
 	if errors.Is(err, store.ErrNoRows) {
 		return Result{}, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
@@ -202,7 +202,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 			if row.LeaseUntil != nil {
 				res.State = StateInFlight
 			}
-			res.RetryAfter = c.retryAfter(res.State, row.CreatedAt, row.LeaseUntil)
+			res.RetryAfter = retryAfter(res.State, row.Now, row.CreatedAt, row.LeaseUntil)
 			return res, row, nil
 		}
 		// Nothing was inserted, so nothing notified: give the window back
@@ -212,7 +212,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("claim key: %w", err)
 		}
-		existing, err := exec.KeyGetByKeyOrScope(ctx, &dbpgx.KeyGetByKeyOrScopeParams{Key: string(d.Key), Scope: d.Scope})
+		existing, err := exec.KeyGetByKeyOrScope(ctx, &dbpgx.KeyGetByKeyOrScopeParams{Key: string(d.Key), Scope: d.Scope, Now: c.nowParam()})
 		if err == nil {
 			if existing.State == dbStateExpired {
 				// The action, or another one in its scope, already ran.
@@ -257,7 +257,7 @@ func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
 		if row.LeaseUntil != nil {
 			res.State = StateInFlight
 		}
-		res.RetryAfter = c.retryAfter(res.State, row.AvailableAt, row.LeaseUntil)
+		res.RetryAfter = retryAfter(res.State, row.Now, row.AvailableAt, row.LeaseUntil)
 	case dbStateSucceeded:
 		res.State, res.Response = StateSucceeded, row.Response
 	case dbStateFailed:
@@ -312,8 +312,10 @@ const (
 	retryAfterMax = 2 * time.Second
 )
 
-func (c *Client[TTx]) retryAfter(state State, availableAt time.Time, leaseUntil *time.Time) time.Duration {
-	now := c.now()
+// retryAfter is the hint for a key in state, measured against now, the
+// database's clock as the statement that read the row saw it: availableAt
+// and leaseUntil are on that clock, and the caller's may disagree with it.
+func retryAfter(state State, now, availableAt time.Time, leaseUntil *time.Time) time.Duration {
 	if state == StateInFlight && leaseUntil != nil {
 		return min(max(leaseUntil.Sub(now), retryAfterMin), retryAfterMax)
 	}
@@ -321,8 +323,9 @@ func (c *Client[TTx]) retryAfter(state State, availableAt time.Time, leaseUntil 
 }
 
 // Now returns the client's current time: [Config.NowFunc]'s when set, the
-// local clock's otherwise. The dispatcher and reconciler use it for the
-// windows they measure in Go.
+// local clock's otherwise. It is not the database's clock, and pgonce never
+// compares it with a stored timestamp: windows are measured from the clock
+// the statements read.
 func (c *Client[TTx]) Now() time.Time { return c.now() }
 
 func (c *Client[TTx]) now() time.Time {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -529,17 +530,32 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.Equal(t, int64(2), provider.calls.Load())
 	})
 
-	t.Run("PanicIsRecoveredAsRetryable", func(t *testing.T) {
+	t.Run("PanicIsAnUncertainOutcome", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)
 
+		// The provider acts, then panics: whether it acted is unknown.
+		var calls atomic.Int64
 		panicking := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			calls.Add(1)
 			panic("nil map write")
 		})
 		res, err := bundle.client.Do(t.Context(), refundCall("run-panic"), panicking)
 		require.ErrorIs(t, err, outbox.ErrProviderFailed)
 		require.ErrorContains(t, err, "nil map write")
-		require.Equal(t, outbox.StatePending, res.State)
+		require.True(t, outbox.IsAmbiguous(err), "a panic is an uncertain outcome")
+		require.Equal(t, outbox.StatePending, res.State, "idempotent by key: retried with the same key")
+
+		call := refundCall("run-panic-email")
+		call.Tool = "email"
+		res, err = bundle.client.Do(t.Context(), call, panicking)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateNeedsReview, res.State, "at most once: never called again")
+		require.Contains(t, res.LastError, "nil map write")
+		again, err := bundle.client.Do(t.Context(), call, panicking)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateNeedsReview, again.State)
+		require.Equal(t, int64(2), calls.Load())
 	})
 
 	t.Run("AmbiguousAtMostOnceNeedsReview", func(t *testing.T) {

@@ -24,6 +24,9 @@ const (
 	RetentionDefault = 30 * 24 * time.Hour
 	// TombstoneRetentionDefault is how long a pruned key's tombstone is kept.
 	TombstoneRetentionDefault = 365 * 24 * time.Hour
+	// StatementTimeoutDefault is the default deadline of each statement
+	// pgonce runs on its own.
+	StatementTimeoutDefault = 5 * time.Second
 )
 
 // Config configures a [Client]. Its zero value works: every field has a
@@ -52,6 +55,17 @@ type Config struct {
 	// outlast every window in which a duplicate can arrive. Defaults to
 	// [RetentionDefault], 30 days.
 	Retention time.Duration
+
+	// StatementTimeout is the deadline of each statement pgonce runs on its
+	// own, outside a caller's transaction: the claims of [Client.Do] and of
+	// dispatchers, recording outcomes, the reconciler's reclaims and counts,
+	// and each batch of [Client.Prune]. A statement past it is cancelled and
+	// its connection dropped (a connection whose server vanished without
+	// closing it would otherwise hang it forever); loops log the error and go
+	// on, and recording tries again (see [Client.Record]). Statements under
+	// the caller's context alone ([Client.SubmitTx], [Client.Get], operator
+	// reads) have none. Defaults to [StatementTimeoutDefault], 5s.
+	StatementTimeout time.Duration
 
 	// TombstoneRetention is how long, from completion, a finished key is
 	// remembered at all: after Retention its response goes and a tombstone
@@ -102,6 +116,7 @@ func (c Config) withDefaults() Config {
 	c.Lease = cmp.Or(c.Lease, c.CallTimeout+30*time.Second)
 	c.Retention = cmp.Or(c.Retention, RetentionDefault)
 	c.TombstoneRetention = cmp.Or(c.TombstoneRetention, TombstoneRetentionDefault)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, StatementTimeoutDefault)
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", cmp.Or(host, "localhost"), os.Getpid())
@@ -123,6 +138,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Lease (%s) must exceed CallTimeout (%s) by at least %s", ErrInvalidConfig, c.Lease, c.CallTimeout, LeaseMarginMin)
 	case c.Retention < 0:
 		return fmt.Errorf("%w: Retention must not be negative", ErrInvalidConfig)
+	case c.StatementTimeout < time.Millisecond:
+		return fmt.Errorf("%w: StatementTimeout must be at least 1ms", ErrInvalidConfig)
 	case c.NotifyCooldown < 0:
 		return fmt.Errorf("%w: NotifyCooldown must not be negative", ErrInvalidConfig)
 	case c.TombstoneRetention < c.Retention:

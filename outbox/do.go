@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
@@ -24,34 +25,45 @@ import (
 // [Result.Replayed]), or needs review.
 //
 // A provider error wrapped with [Permanent] is stored as the key's failure and
-// replayed forever. Any other error, or a panic, leaves the key pending and
-// returns [ErrProviderFailed]: a running dispatcher retries it after
-// backoff, and a later Do of the same call at once (the caller asked now, so
-// Do claims a pending key whose backoff has not elapsed). An uncertain error
-// (see [IsAmbiguous]) does the same for [IdempotentByKey] tools, makes the
-// next attempt look up first for [LookupByNaturalID] tools, and sends
-// [AtMostOnce] tools to [StateNeedsReview]. If the process dies between the
-// claim and the record, the key stays in flight until its lease expires and
-// the reconciler resolves it.
+// replayed forever. Any other error leaves the key pending and returns
+// [ErrProviderFailed]: a running dispatcher retries it after backoff, and a
+// later Do of the same call at once (the caller asked now, so Do claims a
+// pending key whose backoff has not elapsed). An uncertain error (see
+// [IsAmbiguous]), or a panic, which may come after the provider acted, does
+// the same for [IdempotentByKey] tools, makes the next attempt look up first
+// for [LookupByNaturalID] tools, and sends [AtMostOnce] tools to
+// [StateNeedsReview].
+//
+// The claim runs under [Config.StatementTimeout]; recording the outcome is
+// tried again after a transient failure, such as a killed connection, within
+// the lease (see [Client.Record]). If the process dies between the claim and
+// the record, the key stays in flight until its lease expires and the
+// reconciler resolves it.
 func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {
 	d, tool, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err
 	}
-	res, row, err := c.claim(ctx, c.store.Executor(), d, call, true)
+	claimedAt := time.Now()
+	claimCtx, cancel := c.statementContext(ctx)
+	res, row, err := c.claim(claimCtx, c.store.Executor(), d, call, true)
+	cancel()
 	if err != nil {
 		return Result{}, err
 	}
 	attempt := Attempt{
 		Tool:    tool,
 		Request: Request{Key: d.Key, NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args},
+		Lease:   c.config.Lease,
 	}
 	switch {
 	case row != nil:
 		attempt.Request.Attempt = int(row.Attempt)
 		attempt.FirstAttemptedAt = row.CreatedAt
+		attempt.ClaimedNow, attempt.ClaimedAt = row.Now, claimedAt
 	case res.State == StatePending:
 		// A submitted key no dispatcher has taken yet: take it here.
+		claimedAt = time.Now()
 		claimed, err := c.claimPending(ctx, d.Key)
 		if errors.Is(err, store.ErrNoRows) {
 			return c.inProgress(ctx, d.Key)
@@ -62,6 +74,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		attempt.Request.Attempt = int(claimed.Attempt)
 		attempt.Ambiguous = claimed.Ambiguous
 		attempt.FirstAttemptedAt = claimed.FirstAttemptedAt
+		attempt.ClaimedNow, attempt.ClaimedAt = claimed.Now, claimedAt
 		res.State, res.Attempts = StateInFlight, int(claimed.Attempt)
 	case res.State == StateInFlight:
 		return res, &InProgressError{Key: d.Key, RetryAfter: res.RetryAfter}
@@ -75,15 +88,16 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		// The key stays in flight under its lease; the reconciler resolves it.
 		return res, err
 	}
+	readCtx, cancel := c.statementContext(context.WithoutCancel(ctx))
+	defer cancel()
 	if !written[d.Key] {
 		// Our lease was taken over while the provider ran: report what the
-		// store holds instead.
-		return c.get(ctx, c.store.Executor(), d.Key)
+		// store holds instead. (An outcome written by a try whose reply was
+		// lost counts as written; see Record.)
+		return c.get(readCtx, c.store.Executor(), d.Key)
 	}
 	// Read back what was recorded, so that timestamps come from the same
 	// clock as every later Get.
-	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
-	defer cancel()
 	recorded, err := c.get(readCtx, c.store.Executor(), d.Key)
 	if err != nil {
 		return recorded, err
@@ -96,6 +110,8 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 }
 
 func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxClaimKeyRow, error) {
+	ctx, cancel := c.statementContext(ctx)
+	defer cancel()
 	var row *dbpgx.OutboxClaimKeyRow
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
@@ -114,6 +130,8 @@ func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxC
 }
 
 func (c *Client[TTx]) inProgress(ctx context.Context, key Key) (Result, error) {
+	ctx, cancel := c.statementContext(ctx)
+	defer cancel()
 	res, err := c.get(ctx, c.store.Executor(), key)
 	if err != nil {
 		return res, err

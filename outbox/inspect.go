@@ -55,7 +55,7 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 	}
 	var inspection Inspection
 	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		row, err := q.KeyGet(ctx, db, &dbpgx.KeyGetParams{Key: string(key)})
+		row, err := q.KeyGet(ctx, db, &dbpgx.KeyGetParams{Key: string(key), Now: c.nowParam()})
 		if err != nil {
 			return err
 		}

@@ -233,7 +233,8 @@ func IsAmbiguous(err error) bool {
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// failureBody is the JSON stored for a permanent failure.
+// failureBody is the JSON stored for a permanent failure: valid UTF-8, with
+// no NUL escaped into it, of bounded size (see [sanitizeText]).
 func failureBody(err error) json.RawMessage {
 	var permanent *PermanentError
 	if errors.As(err, &permanent) {
@@ -241,6 +242,6 @@ func failureBody(err error) json.RawMessage {
 	}
 	body, _ := json.Marshal(struct {
 		Error string `json:"error"`
-	}{Error: err.Error()})
+	}{Error: sanitizeText(err.Error())})
 	return body
 }

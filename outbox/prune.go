@@ -44,9 +44,11 @@ type PruneResult struct {
 // tombstoned key returns [ErrExpired] and nothing runs again.
 //
 // Work is done in batches of short statements that skip rows locked by
-// others, so Prune holds no long locks, rewrites no table, and may run beside
-// dispatchers and other pruners. Retention is fixed when a key finishes, from
-// its tool's [ToolOpts.Retention] or [Config.Retention].
+// others, each under [Config.StatementTimeout], so Prune holds no long locks,
+// rewrites no table, and may run beside dispatchers and other pruners. A dry
+// run's counts, an operator's read, run under ctx alone. Retention is fixed
+// when a key finishes, from its tool's [ToolOpts.Retention] or
+// [Config.Retention].
 func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, error) {
 	if opts == nil {
 		opts = &PruneOpts{}
@@ -58,8 +60,8 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 	// A statement's LIMIT is a 32-bit integer.
 	batch = min(batch, math.MaxInt32)
 	var result PruneResult
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		if opts.DryRun {
+	if opts.DryRun {
+		err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 			keys, err := q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: c.nowParam()})
 			if err != nil {
 				return fmt.Errorf("count expired keys: %w", err)
@@ -70,40 +72,64 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 			}
 			result = PruneResult{Keys: keys, Tombstones: tombstones}
 			return nil
-		}
-		for {
-			expired, err := q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
+		})
+		return result, err
+	}
+	for {
+		var expired int64
+		err := c.pruneStatement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
+			var err error
+			expired, err = q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
 				Now:     c.nowParam(),
 				MaxRows: int32(batch), //nolint:gosec // a batch size
 			})
 			if err != nil {
 				return fmt.Errorf("prune keys: %w", err)
 			}
-			result.Keys += expired
-			if opts.ProgressFunc != nil && expired > 0 {
-				opts.ProgressFunc(result)
-			}
-			if expired < int64(batch) {
-				break
-			}
+			return nil
+		})
+		if err != nil {
+			return result, err
 		}
-		for {
-			pruned, err := q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
+		result.Keys += expired
+		if opts.ProgressFunc != nil && expired > 0 {
+			opts.ProgressFunc(result)
+		}
+		if expired < int64(batch) {
+			break
+		}
+	}
+	for {
+		var pruned int64
+		err := c.pruneStatement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
+			var err error
+			pruned, err = q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
 				Now:     c.nowParam(),
 				MaxRows: int32(batch), //nolint:gosec // a batch size
 			})
 			if err != nil {
 				return fmt.Errorf("prune tombstones: %w", err)
 			}
-			result.Tombstones += pruned
-			if opts.ProgressFunc != nil && pruned > 0 {
-				opts.ProgressFunc(result)
-			}
-			if pruned < int64(batch) {
-				break
-			}
+			return nil
+		})
+		if err != nil {
+			return result, err
 		}
-		return nil
-	})
-	return result, err
+		result.Tombstones += pruned
+		if opts.ProgressFunc != nil && pruned > 0 {
+			opts.ProgressFunc(result)
+		}
+		if pruned < int64(batch) {
+			break
+		}
+	}
+	return result, nil
+}
+
+// pruneStatement runs f, one batch's statement, on a pool connection under
+// [Config.StatementTimeout].
+func (c *Client[TTx]) pruneStatement(ctx context.Context, f func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+	ctx, cancel := c.statementContext(ctx)
+	defer cancel()
+	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error { return f(ctx, q, db) })
 }

@@ -55,7 +55,8 @@ RETURNING
         WHEN pgonce_key.lease_until IS NULL AND @channel::text <> ''
             THEN pg_notify(@channel::text, '') IS NOT NULL
         ELSE false
-    END)::boolean AS notified;
+    END)::boolean AS notified,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now;
 
 -- name: KeyGetByKeyOrScope :one
 -- KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same
@@ -80,7 +81,8 @@ SELECT
     pgonce_key.expires_at,
     pgonce_key.last_error,
     pgonce_key.available_at,
-    pgonce_key.lease_until
+    pgonce_key.lease_until,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM pgonce_key
 WHERE pgonce_key.key = @key::text
     OR pgonce_key.scope = @scope::text
@@ -88,6 +90,9 @@ ORDER BY pgonce_key.key = @key::text DESC
 LIMIT 1;
 
 -- name: KeyGet :one
+-- KeyGet reads a key. now is the database's clock, which retry-after hints
+-- are measured against, as KeyGetByKeyOrScope's and KeyInsert's are: the
+-- caller's clock may disagree with the one that wrote the row.
 SELECT
     pgonce_key.key,
     pgonce_key.scope,
@@ -108,7 +113,8 @@ SELECT
     pgonce_key.expires_at,
     pgonce_key.last_error,
     pgonce_key.available_at,
-    pgonce_key.lease_until
+    pgonce_key.lease_until,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM pgonce_key
 WHERE pgonce_key.key = @key::text;
 

@@ -56,13 +56,17 @@ SELECT
     claimed.first_attempted_at::timestamptz AS first_attempted_at,
     claimed.lease_until::timestamptz AS lease_until,
     claimed.natural_id,
-    claimed.args
+    claimed.args,
+    -- now is the database's clock at the claim: the worker measures time
+    -- since first_attempted_at from it, never from its own clock.
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM claimed
 ORDER BY claimed.key;
 
 -- name: OutboxClaimKey :one
 -- OutboxClaimKey claims one pending key for the inline path. A concurrent
 -- claimer waits on the row lock, then finds the lease taken and gets no row.
+-- now is the database's clock at the claim, as in OutboxClaimBatch.
 UPDATE pgonce_key
 SET
     attempt = pgonce_key.attempt + 1,
@@ -76,7 +80,8 @@ RETURNING
     pgonce_key.attempt,
     pgonce_key.ambiguous,
     pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
-    pgonce_key.lease_until::timestamptz AS lease_until;
+    pgonce_key.lease_until::timestamptz AS lease_until,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now;
 
 -- name: OutboxRelease :many
 -- OutboxRelease puts attempts that may be tried again back to pending, after
@@ -238,7 +243,9 @@ SELECT
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
     reclaimed.natural_id,
-    reclaimed.args
+    reclaimed.args,
+    -- now is the database's clock at the reclaim, as in OutboxClaimBatch.
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM reclaimed
 ORDER BY reclaimed.key;
 
@@ -313,3 +320,22 @@ SELECT
             AND pgonce_key.lease_until IS NULL
             AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
     ), 0)::bigint AS oldest_pending_ms;
+
+-- name: OutboxRecordedAttempts :many
+-- OutboxRecordedAttempts returns which of the given keys hold no lease at
+-- the given attempt: that attempt's outcome was recorded, since a claim
+-- always moves the attempt on and only the attempt's holder ends its lease.
+-- A recorder whose statement ran but whose reply was lost (the connection
+-- died on the way back) finds its retry writes nothing, and reads here what
+-- the lost statement wrote.
+WITH given AS (
+    SELECT
+        unnest(@key::text[]) AS key,
+        unnest(@attempt::integer[]) AS attempt
+)
+SELECT pgonce_key.key
+FROM pgonce_key
+JOIN given ON pgonce_key.key = given.key
+    AND pgonce_key.attempt = given.attempt
+WHERE pgonce_key.lease_until IS NULL
+ORDER BY pgonce_key.key;

@@ -172,7 +172,8 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	graceMs := r.config.Grace.Milliseconds()
 	for {
 		var rows []*dbpgx.OutboxReclaimExpiredRow
-		err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		claimedAt := time.Now()
+		err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
 			var err error
 			rows, err = q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
 				GraceMs: graceMs,
@@ -193,7 +194,7 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		labels := make([]Outcome, len(rows))
 		var resolving sync.WaitGroup
 		for i, row := range rows {
-			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row) })
+			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row, claimedAt) })
 		}
 		resolving.Wait()
 		tools := make(map[outbox.Key]string, len(rows))
@@ -219,7 +220,7 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		}
 	}
 
-	err := r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
 		skipped, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{GraceMs: graceMs, Tools: tools})
 		if err != nil {
 			return fmt.Errorf("count skipped rows: %w", err)
@@ -227,6 +228,12 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		for _, row := range skipped {
 			report.SkippedUnregistered[row.Tool] = int(row.Expired)
 		}
+		return nil
+	})
+	if err != nil {
+		return report, err
+	}
+	err = r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
 		stale, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
 			AgeMs: r.config.StalePending.Milliseconds(),
 		})
@@ -253,8 +260,19 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	return report, nil
 }
 
+// statement runs f, one statement, on a pool connection under the client's
+// [outbox.Config.StatementTimeout]: a statement that hangs (a connection
+// whose server vanished) is cancelled and its connection dropped, and the
+// next run takes another.
+func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+	ctx, cancel := context.WithTimeout(ctx, r.client.Config().StatementTimeout)
+	defer cancel()
+	return r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error { return f(ctx, q, db) })
+}
+
 // resolve decides one expired row without calling its provider.
-func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow) (outbox.Outcome, Outcome) {
+// claimedAt is the local clock just before the row was reclaimed.
+func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow, claimedAt time.Time) (outbox.Outcome, Outcome) {
 	tool := r.registry.Lookup(row.Tool)
 	out := outbox.Outcome{
 		Key:       outbox.Key(row.Key),
@@ -263,6 +281,9 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 		Ambiguous: true,
 		Kind:      outbox.OutcomeRetry,
 		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
+		// Recording is tried again after transient failures, but never past
+		// the reconciler's own lease.
+		LeaseDeadline: claimedAt.Add(r.client.Config().Lease),
 	}
 	attempt := outbox.Attempt{
 		Tool: tool,
@@ -275,6 +296,8 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 		},
 		Ambiguous:        true,
 		FirstAttemptedAt: row.FirstAttemptedAt,
+		ClaimedNow:       row.Now,
+		ClaimedAt:        claimedAt,
 	}
 	switch how, resp, err := r.client.Settle(ctx, attempt, nil, 0); how {
 	case outbox.SettleReview:

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -312,4 +313,92 @@ func TestRunOnceSurvivesPanickingLookup(t *testing.T) {
 	require.NotNil(t, inspection.Queue)
 	require.True(t, inspection.Queue.Ambiguous)
 	require.Contains(t, inspection.Queue.LastError, "lookup bug")
+}
+
+// badTextLookup fails the lookup of one natural id with error text that
+// PostgreSQL rejects in a text column, and looks the others up in payments.
+type badTextLookup struct {
+	*payments
+	bad string
+}
+
+func (b badTextLookup) Lookup(ctx context.Context, req outbox.Request) (json.RawMessage, bool, error) {
+	if req.NaturalID == b.bad {
+		return nil, false, errors.New("lookup \x00 failed \xff")
+	}
+	return b.payments.Lookup(ctx, req)
+}
+
+func TestRunOnceBadLookupErrorTextCostsNoOutcome(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("provision", badTextLookup{bundle.payments, "nat-5"}, outbox.LookupByNaturalID))
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+	require.NoError(t, err)
+	bundle.client = client
+	const rows = 20
+	keys := make([]outbox.Key, rows)
+	for i := range keys {
+		if i%2 == 0 {
+			bundle.payments.effects[fmt.Sprintf("nat-%d", i)] = 1
+		}
+		keys[i] = crashed(t, bundle, "provision", int64(i), "1 hour")
+	}
+
+	r, err := reconcile.New(client, reconcile.Config{BatchSize: rows})
+	require.NoError(t, err)
+	report, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, map[reconcile.Outcome]int{
+		reconcile.OutcomeFound:        rows / 2,
+		reconcile.OutcomeRequeued:     rows/2 - 1,
+		reconcile.OutcomeLookupFailed: 1,
+	}, report.Resolved["provision"])
+	for i, key := range keys {
+		want := map[bool]outbox.State{true: outbox.StateSucceeded, false: outbox.StatePending}[i%2 == 0]
+		require.Equal(t, want, state(t, bundle, key), "step %d", i)
+	}
+	inspection, err := client.Inspect(t.Context(), keys[5])
+	require.NoError(t, err)
+	require.True(t, inspection.Queue.Ambiguous, "the next attempt looks up first")
+	require.Equal(t, "lookup: lookup \uFFFD failed \uFFFD", inspection.Queue.LastError)
+}
+
+func TestRunOnceAfterAHalfOpenConnection(t *testing.T) {
+	t.Parallel()
+	bundle := setup(t)
+	// The reconciler reaches the database through a proxy that can make its
+	// connections half-open: the server gone without a word.
+	proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+	client, err := outbox.NewPgx(pool, outbox.Config{
+		Schema: bundle.schema, Registry: bundle.client.Config().Registry, StatementTimeout: 500 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	r, err := reconcile.New(client, reconcile.Config{})
+	require.NoError(t, err)
+	_, err = r.RunOnce(t.Context())
+	require.NoError(t, err)
+
+	proxy.BlackHole()
+	key := crashed(t, bundle, "email", 1, "1 hour")
+	// Each run ends within its statements' deadlines, failed or not; one
+	// on fresh connections resolves the row.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.RunOnce(t.Context())
+			done <- err
+		}()
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("RunOnce hangs on a half-open connection")
+		}
+		if err == nil && state(t, bundle, key) == outbox.StateNeedsReview {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the row was never resolved: %v", err)
+	}
 }

@@ -192,12 +192,14 @@ SELECT
     pgonce_key.expires_at,
     pgonce_key.last_error,
     pgonce_key.available_at,
-    pgonce_key.lease_until
+    pgonce_key.lease_until,
+    coalesce($1::timestamptz, now())::timestamptz AS now
 FROM pgonce_key
-WHERE pgonce_key.key = $1::text
+WHERE pgonce_key.key = $2::text
 `
 
 type KeyGetParams struct {
+	Now *time.Time
 	Key string
 }
 
@@ -222,10 +224,14 @@ type KeyGetRow struct {
 	LastError   *string
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
+	Now         time.Time
 }
 
+// KeyGet reads a key. now is the database's clock, which retry-after hints
+// are measured against, as KeyGetByKeyOrScope's and KeyInsert's are: the
+// caller's clock may disagree with the one that wrote the row.
 func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyGetRow, error) {
-	row := db.QueryRow(ctx, keyGet, arg.Key)
+	row := db.QueryRow(ctx, keyGet, arg.Now, arg.Key)
 	var i KeyGetRow
 	err := row.Scan(
 		&i.Key,
@@ -248,6 +254,7 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.LastError,
 		&i.AvailableAt,
 		&i.LeaseUntil,
+		&i.Now,
 	)
 	return &i, err
 }
@@ -290,15 +297,17 @@ SELECT
     pgonce_key.expires_at,
     pgonce_key.last_error,
     pgonce_key.available_at,
-    pgonce_key.lease_until
+    pgonce_key.lease_until,
+    coalesce($1::timestamptz, now())::timestamptz AS now
 FROM pgonce_key
-WHERE pgonce_key.key = $1::text
-    OR pgonce_key.scope = $2::text
-ORDER BY pgonce_key.key = $1::text DESC
+WHERE pgonce_key.key = $2::text
+    OR pgonce_key.scope = $3::text
+ORDER BY pgonce_key.key = $2::text DESC
 LIMIT 1
 `
 
 type KeyGetByKeyOrScopeParams struct {
+	Now   *time.Time
 	Key   string
 	Scope string
 }
@@ -324,12 +333,13 @@ type KeyGetByKeyOrScopeRow struct {
 	LastError   *string
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
+	Now         time.Time
 }
 
 // KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same
 // key, or another action in the same scope.
 func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetByKeyOrScopeParams) (*KeyGetByKeyOrScopeRow, error) {
-	row := db.QueryRow(ctx, keyGetByKeyOrScope, arg.Key, arg.Scope)
+	row := db.QueryRow(ctx, keyGetByKeyOrScope, arg.Now, arg.Key, arg.Scope)
 	var i KeyGetByKeyOrScopeRow
 	err := row.Scan(
 		&i.Key,
@@ -352,6 +362,7 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 		&i.LastError,
 		&i.AvailableAt,
 		&i.LeaseUntil,
+		&i.Now,
 	)
 	return &i, err
 }
@@ -403,7 +414,8 @@ RETURNING
         WHEN pgonce_key.lease_until IS NULL AND $14::text <> ''
             THEN pg_notify($14::text, '') IS NOT NULL
         ELSE false
-    END)::boolean AS notified
+    END)::boolean AS notified,
+    coalesce($12::timestamptz, now())::timestamptz AS now
 `
 
 type KeyInsertParams struct {
@@ -428,6 +440,7 @@ type KeyInsertRow struct {
 	Attempt    int32
 	LeaseUntil *time.Time
 	Notified   bool
+	Now        time.Time
 }
 
 // KeyInsert writes the key claim, which is also its outbox entry, and
@@ -463,6 +476,7 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 		&i.Attempt,
 		&i.LeaseUntil,
 		&i.Notified,
+		&i.Now,
 	)
 	return &i, err
 }

@@ -14,7 +14,7 @@ const outboxClaimBatch = `-- name: OutboxClaimBatch :many
 
 WITH due AS (
     SELECT candidate.key
-    FROM unnest($1::text[]) AS served (tool)
+    FROM unnest($2::text[]) AS served (tool)
     CROSS JOIN LATERAL (
         SELECT
             pgonce_key.key,
@@ -23,7 +23,7 @@ WITH due AS (
         WHERE pgonce_key.tool = served.tool
             AND pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
-            AND pgonce_key.available_at <= coalesce($2::timestamptz, now())
+            AND pgonce_key.available_at <= coalesce($1::timestamptz, now())
         ORDER BY pgonce_key.available_at
         LIMIT $3::integer
         FOR UPDATE SKIP LOCKED
@@ -35,9 +35,9 @@ claimed AS (
     UPDATE pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
-        lease_until = coalesce($2::timestamptz, now()) + $4::bigint * interval '1 millisecond',
+        lease_until = coalesce($1::timestamptz, now()) + $4::bigint * interval '1 millisecond',
         worker = $5::text,
-        first_attempted_at = coalesce(pgonce_key.first_attempted_at, $2::timestamptz, now())
+        first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now())
     FROM due
     WHERE pgonce_key.key = due.key
     RETURNING
@@ -58,14 +58,17 @@ SELECT
     claimed.first_attempted_at::timestamptz AS first_attempted_at,
     claimed.lease_until::timestamptz AS lease_until,
     claimed.natural_id,
-    claimed.args
+    claimed.args,
+    -- now is the database's clock at the claim: the worker measures time
+    -- since first_attempted_at from it, never from its own clock.
+    coalesce($1::timestamptz, now())::timestamptz AS now
 FROM claimed
 ORDER BY claimed.key
 `
 
 type OutboxClaimBatchParams struct {
-	Tools   []string
 	Now     *time.Time
+	Tools   []string
 	MaxRows int32
 	LeaseMs int64
 	Worker  string
@@ -80,6 +83,7 @@ type OutboxClaimBatchRow struct {
 	LeaseUntil       time.Time
 	NaturalID        string
 	Args             []byte
+	Now              time.Time
 }
 
 // The outbox is the set of open keys: a pending key has no lease, an
@@ -94,8 +98,8 @@ type OutboxClaimBatchRow struct {
 // statement commits.
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClaimBatchParams) ([]*OutboxClaimBatchRow, error) {
 	rows, err := db.Query(ctx, outboxClaimBatch,
-		arg.Tools,
 		arg.Now,
+		arg.Tools,
 		arg.MaxRows,
 		arg.LeaseMs,
 		arg.Worker,
@@ -116,6 +120,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClai
 			&i.LeaseUntil,
 			&i.NaturalID,
 			&i.Args,
+			&i.Now,
 		); err != nil {
 			return nil, err
 		}
@@ -141,7 +146,8 @@ RETURNING
     pgonce_key.attempt,
     pgonce_key.ambiguous,
     pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
-    pgonce_key.lease_until::timestamptz AS lease_until
+    pgonce_key.lease_until::timestamptz AS lease_until,
+    coalesce($1::timestamptz, now())::timestamptz AS now
 `
 
 type OutboxClaimKeyParams struct {
@@ -156,10 +162,12 @@ type OutboxClaimKeyRow struct {
 	Ambiguous        bool
 	FirstAttemptedAt time.Time
 	LeaseUntil       time.Time
+	Now              time.Time
 }
 
 // OutboxClaimKey claims one pending key for the inline path. A concurrent
 // claimer waits on the row lock, then finds the lease taken and gets no row.
+// now is the database's clock at the claim, as in OutboxClaimBatch.
 func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimKeyParams) (*OutboxClaimKeyRow, error) {
 	row := db.QueryRow(ctx, outboxClaimKey,
 		arg.Now,
@@ -173,6 +181,7 @@ func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimK
 		&i.Ambiguous,
 		&i.FirstAttemptedAt,
 		&i.LeaseUntil,
+		&i.Now,
 	)
 	return &i, err
 }
@@ -495,7 +504,9 @@ SELECT
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
     reclaimed.natural_id,
-    reclaimed.args
+    reclaimed.args,
+    -- now is the database's clock at the reclaim, as in OutboxClaimBatch.
+    coalesce($1::timestamptz, now())::timestamptz AS now
 FROM reclaimed
 ORDER BY reclaimed.key
 `
@@ -516,6 +527,7 @@ type OutboxReclaimExpiredRow struct {
 	FirstAttemptedAt time.Time
 	NaturalID        string
 	Args             []byte
+	Now              time.Time
 }
 
 // OutboxReclaimExpired takes in-flight keys whose lease ended more than
@@ -547,10 +559,56 @@ func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *Outbox
 			&i.FirstAttemptedAt,
 			&i.NaturalID,
 			&i.Args,
+			&i.Now,
 		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxRecordedAttempts = `-- name: OutboxRecordedAttempts :many
+WITH given AS (
+    SELECT
+        unnest($1::text[]) AS key,
+        unnest($2::integer[]) AS attempt
+)
+SELECT pgonce_key.key
+FROM pgonce_key
+JOIN given ON pgonce_key.key = given.key
+    AND pgonce_key.attempt = given.attempt
+WHERE pgonce_key.lease_until IS NULL
+ORDER BY pgonce_key.key
+`
+
+type OutboxRecordedAttemptsParams struct {
+	Key     []string
+	Attempt []int32
+}
+
+// OutboxRecordedAttempts returns which of the given keys hold no lease at
+// the given attempt: that attempt's outcome was recorded, since a claim
+// always moves the attempt on and only the attempt's holder ends its lease.
+// A recorder whose statement ran but whose reply was lost (the connection
+// died on the way back) finds its retry writes nothing, and reads here what
+// the lost statement wrote.
+func (q *Queries) OutboxRecordedAttempts(ctx context.Context, db DBTX, arg *OutboxRecordedAttemptsParams) ([]string, error) {
+	rows, err := db.Query(ctx, outboxRecordedAttempts, arg.Key, arg.Attempt)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var key string
+		if err := rows.Scan(&key); err != nil {
+			return nil, err
+		}
+		items = append(items, key)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
