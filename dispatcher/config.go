@@ -13,6 +13,7 @@ import (
 // Defaults of [Config].
 const (
 	ConcurrencyDefault     = 32
+	ConcurrencyMax         = 100_000
 	BatchSizeDefault       = 100
 	PollIntervalDefault    = time.Second
 	MaxAttemptsDefault     = 25
@@ -28,8 +29,8 @@ var ErrInvalidConfig = errors.New("invalid dispatcher config")
 // Config configures a [Dispatcher]. Its zero value works: every field has a
 // default.
 type Config struct {
-	// Concurrency is how many provider calls run at once. Defaults to
-	// [ConcurrencyDefault].
+	// Concurrency is how many provider calls run at once, at most
+	// [ConcurrencyMax]. Defaults to [ConcurrencyDefault].
 	Concurrency int
 
 	// BatchSize is the most rows one claim takes. A claim never takes more
@@ -99,8 +100,8 @@ func (c Config) withDefaults(client outbox.Config) Config {
 
 func (c Config) validate() error {
 	switch {
-	case c.Concurrency < 1:
-		return fmt.Errorf("%w: Concurrency must be at least 1", ErrInvalidConfig)
+	case c.Concurrency < 1 || c.Concurrency > ConcurrencyMax:
+		return fmt.Errorf("%w: Concurrency must be between 1 and %d", ErrInvalidConfig, ConcurrencyMax)
 	case c.BatchSize < 1 || c.BatchSize > 10_000:
 		return fmt.Errorf("%w: BatchSize must be between 1 and 10000", ErrInvalidConfig)
 	case c.CallTimeout <= 0:

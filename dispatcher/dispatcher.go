@@ -126,6 +126,10 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	lastUnservedCheck := time.Time{}
+	// After a failed claim the next one comes sooner than PollInterval,
+	// backing off from claimRetryMin: a database that is back (or a fresh
+	// connection after a dead one) is used at once, not a poll later.
+	claimRetry := claimRetryMin
 
 	// Claim when at least half a batch of slots is free, or when idle: every
 	// claim is a transaction of its own, and many small ones cost more than
@@ -134,10 +138,17 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		free := cap(slots) - len(slots)
 		claimed := 0
+		wait := d.config.PollInterval
 		if free >= claimAt || free == cap(slots) {
 			attempts, err := d.claim(ctx, min(free, d.config.BatchSize))
+			if err == nil {
+				claimRetry = claimRetryMin
+			} else {
+				wait = min(wait, claimRetry)
+				claimRetry = min(2*claimRetry, claimRetryMax)
+			}
 			if err != nil && ctx.Err() == nil {
-				d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err)
+				d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err, "retry_in", wait)
 			}
 			claimed = len(attempts)
 			for _, attempt := range attempts {
@@ -175,7 +186,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 			default:
 			}
 		}
-		poll.Reset(d.config.PollInterval)
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 		case <-wake:
@@ -312,10 +323,16 @@ func (d *Dispatcher[TTx]) backoff(attempt int) time.Duration {
 	return half + mathrand.N(delay-half+1)
 }
 
+// Bounds of the backoff between failed claims.
+const (
+	claimRetryMin = 50 * time.Millisecond
+	claimRetryMax = 5 * time.Second
+)
+
 // listen calls onNotify on every notification of new work, and reconnects
 // when its connection drops, calling wake to catch up.
 func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
-	d.store.ListenLoop(ctx, []string{d.store.WorkChannel},
+	d.store.ListenLoop(ctx, []string{d.store.WorkChannel}, d.client.Config().StatementTimeout,
 		wake, // catch up on what arrived while not listening
 		func(*pgconn.Notification) { onNotify() },
 		func(err error, retryIn time.Duration) {

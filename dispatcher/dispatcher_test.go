@@ -488,6 +488,40 @@ func TestDispatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("ClaimsAgainSoonAfterAFailedClaim", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		keys := make([]outbox.Key, 3)
+		for i := range keys {
+			keys[i] = submit(t, bundle.client, "refund", int64(i+1))
+		}
+		// The pool's one idle connection goes half-open, so the first
+		// claim fails on its deadline. Nothing else wakes the dispatcher:
+		// no notifications, and a poll an hour from now.
+		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+		require.NoError(t, pool.Ping(t.Context()))
+		proxy.BlackHole()
+		client, err := outbox.NewPgx(pool, outbox.Config{
+			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
+			StatementTimeout: 300 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		config := fastConfig()
+		config.PollInterval = time.Hour
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		for _, key := range keys {
+			require.Eventually(t, func() bool {
+				res, err := bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, 20*time.Second, 10*time.Millisecond, "no claim after the failed one ran %s", key)
+			calls, _ := bundle.ledger.count(key)
+			require.Equal(t, 1, calls)
+		}
+	})
+
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

@@ -59,6 +59,7 @@ func TestBadConfig(t *testing.T) {
 			config dispatcher.Config
 		}{
 			{"ConcurrencyNegative", dispatcher.Config{Concurrency: -1}},
+			{"ConcurrencyHuge", dispatcher.Config{Concurrency: 1 << 40}},
 			{"BatchSizeNegative", dispatcher.Config{BatchSize: -1}},
 			{"BatchSizeHuge", dispatcher.Config{BatchSize: math.MaxInt32 + 1}},
 			{"CallTimeoutNegative", dispatcher.Config{CallTimeout: -time.Second}},

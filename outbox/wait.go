@@ -153,7 +153,7 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 }
 
 func (w *waiters) listen(ctx context.Context, s *store.Store, config Config) {
-	s.ListenLoop(ctx, []string{s.DoneChannel},
+	s.ListenLoop(ctx, []string{s.DoneChannel}, config.StatementTimeout,
 		w.wakeAll, // re-check whatever finished while not listening
 		func(n *pgconn.Notification) { w.wake(n.Payload) },
 		func(err error, retryIn time.Duration) {

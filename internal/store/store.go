@@ -123,28 +123,60 @@ func (s *Store) Pgx(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX)
 // Listen holds one connection, listens on channels and passes each
 // notification to handle until ctx is done or the connection fails. ready,
 // if not nil, is called once the LISTEN statements have run.
-func (s *Store) Listen(ctx context.Context, channels []string, ready func(), handle func(*pgconn.Notification)) error {
-	return s.connFunc(ctx, func(conn *pgx.Conn) error {
+//
+// Taking the connection, each LISTEN, and a ping after every
+// 2*timeout without a notification run under timeout: a listener whose
+// server vanished without closing the connection (a half-open connection)
+// would otherwise wait for notifications that never come, for as long as
+// the operating system keeps the socket.
+func (s *Store) Listen(ctx context.Context, channels []string, timeout time.Duration, ready func(), handle func(*pgconn.Notification)) error {
+	acquireCtx, cancelAcquire := context.WithTimeout(ctx, timeout)
+	defer cancelAcquire()
+	return s.connFunc(acquireCtx, func(conn *pgx.Conn) error {
+		cancelAcquire() // the connection is held; only its acquisition was bounded
 		for _, channel := range channels {
-			if _, err := conn.Exec(ctx, "LISTEN "+ident.Quote(channel)); err != nil {
+			if err := withTimeout(ctx, timeout, func(ctx context.Context) error {
+				_, err := conn.Exec(ctx, "LISTEN "+ident.Quote(channel))
+				return err
+			}); err != nil {
 				return fmt.Errorf("listen: %w", err)
 			}
 		}
 		// The connection goes back to a pool: leave it listening to nothing.
 		defer func() {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *")
+			_ = withTimeout(context.WithoutCancel(ctx), timeout, func(ctx context.Context) error {
+				_, err := conn.Exec(ctx, "UNLISTEN *")
+				return err
+			})
 		}()
 		if ready != nil {
 			ready()
 		}
 		for {
-			notification, err := conn.WaitForNotification(ctx)
-			if err != nil {
+			idleCtx, cancelIdle := context.WithTimeout(ctx, 2*timeout)
+			notification, err := conn.WaitForNotification(idleCtx)
+			cancelIdle()
+			switch {
+			case err == nil:
+				handle(notification)
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
+				// Quiet for a while: make sure the server is still there.
+				if err := withTimeout(ctx, timeout, conn.Ping); err != nil {
+					return fmt.Errorf("listener ping: %w", err)
+				}
+			default:
 				return err
 			}
-			handle(notification)
 		}
 	})
+}
+
+func withTimeout(ctx context.Context, timeout time.Duration, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return f(ctx)
 }
 
 // Reconnect bounds of [Store.ListenLoop].
@@ -154,13 +186,14 @@ const (
 )
 
 // ListenLoop runs [Store.Listen] until ctx is done, reconnecting after a
-// lost connection with a backoff from 100ms to 5s. ready is called after
+// lost connection with a backoff from 100ms to 5s; timeout is Listen's.
+// ready is called after
 // every (re)connection, so the caller can catch up on what arrived while it
 // was not listening; lost, if not nil, is told of each lost connection.
-func (s *Store) ListenLoop(ctx context.Context, channels []string, ready func(), handle func(*pgconn.Notification), lost func(err error, retryIn time.Duration)) {
+func (s *Store) ListenLoop(ctx context.Context, channels []string, timeout time.Duration, ready func(), handle func(*pgconn.Notification), lost func(err error, retryIn time.Duration)) {
 	retry := listenRetryMin
 	for ctx.Err() == nil {
-		err := s.Listen(ctx, channels, func() {
+		err := s.Listen(ctx, channels, timeout, func() {
 			retry = listenRetryMin
 			ready()
 		}, handle)
