@@ -147,15 +147,18 @@ func (c *Client[TTx]) Resolve(ctx context.Context, key Key, resolution Resolutio
 			params.Channel = c.store.WorkChannel
 		}
 	}
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		tool, err := c.toolOf(ctx, key)
-		if err != nil {
-			return err
-		}
-		if t := c.config.Registry.Lookup(tool); t != nil && t.Opts.Retention > 0 {
-			params.RetentionMs = t.Opts.Retention.Milliseconds()
-		}
-		_, err = q.KeyResolve(ctx, db, params)
+	// The tool is read before, not inside, the statement's connection: a
+	// read inside it would need a second connection, which a pool of one
+	// never gives.
+	tool, err := c.toolOf(ctx, key)
+	if err != nil {
+		return Result{}, fmt.Errorf("resolve key: %w", err)
+	}
+	if t := c.config.Registry.Lookup(tool); t != nil && t.Opts.Retention > 0 {
+		params.RetentionMs = t.Opts.Retention.Milliseconds()
+	}
+	err = c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		_, err := q.KeyResolve(ctx, db, params)
 		return err
 	})
 	if err != nil && !errors.Is(err, store.ErrNoRows) {

@@ -112,7 +112,10 @@ func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) erro
 func (s *Store) Executor() Executor { return s.executor }
 
 // Pgx runs f with the generated pgx queries and a handle from the pool whose
-// statements are rewritten into the store's schema.
+// statements are rewritten into the store's schema. Under database/sql the
+// handle is one connection held for all of f, so f must not call anything
+// else that takes a connection (a Get, another Pgx): with a pool of one it
+// would wait for ever.
 func (s *Store) Pgx(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX) error) error {
 	err := s.pgxFunc(ctx, func(db dbpgx.DBTX) error {
 		return f(s.queries, pgxRewriting{db: db, rw: s.rewriter})
