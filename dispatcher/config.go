@@ -48,7 +48,9 @@ type Config struct {
 
 	// PollInterval is how often the dispatcher looks for due rows when no
 	// notification wakes it: rows whose backoff elapsed, and work whose
-	// notification was lost. Defaults to [PollIntervalDefault].
+	// notification was lost. Over a pool too small to listen and claim at
+	// once (see [Dispatcher.Run]) it is how soon new work is seen. Defaults
+	// to [PollIntervalDefault].
 	PollInterval time.Duration
 
 	// MaxAttempts is the attempt after which a retryable failure becomes

@@ -61,6 +61,11 @@ func (d *Dispatcher[TTx]) WorkerID() string { return d.workerID }
 // what finished, and returns nil. Rows whose calls did not finish stay in
 // flight until their lease expires and the reconciler resolves them.
 //
+// Run listens for new work on a connection of its own, held while it runs,
+// when the pool can spare one beside the connection its claims and records
+// take one at a time; over a pool of one connection it logs a warning and
+// polls every [Config.PollInterval] instead.
+//
 // Database errors are logged and retried; Run returns an error only when it
 // is already running.
 func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
@@ -90,23 +95,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 		}
 	}()
 	if !d.client.Config().NotifyDisabled {
-		onNotify := signal
-		if cooldown := d.client.Config().NotifyCooldown; cooldown > 0 {
-			// Submits under a cooldown leave some keys without a
-			// notification of their own; a claim one cooldown after the
-			// last notification finds them.
-			trailing = time.AfterFunc(time.Hour, signal)
-			trailing.Stop()
-			onNotify = func() {
-				signal()
-				trailing.Reset(cooldown)
-			}
-		}
-		background.Add(1)
-		go func() {
-			defer background.Done()
-			d.listen(listenCtx, signal, onNotify)
-		}()
+		trailing = d.startListener(listenCtx, &background, signal)
 	}
 
 	// Provider calls outlive ctx by up to ShutdownTimeout; hardStop ends
@@ -328,6 +317,41 @@ const (
 	claimRetryMin = 50 * time.Millisecond
 	claimRetryMax = 5 * time.Second
 )
+
+// startListener starts the listener that wakes the claim loop (signal) on
+// every notification of new work, unless the pool is too small to listen
+// and claim at once: the listener holds a connection for as long as it
+// runs, and with a pool of one it would leave claims and records none. The
+// dispatcher then polls every PollInterval, and says so. The listener runs
+// until ctx is done, counted in background. trailing is the timer of a
+// NotifyCooldown's trailing claim, or nil.
+func (d *Dispatcher[TTx]) startListener(ctx context.Context, background *sync.WaitGroup, signal func()) (trailing *time.Timer) {
+	release, maxConns, ok := d.store.ReserveListener()
+	if !ok {
+		d.logger.WarnContext(ctx, "pgonce: the connection pool is too small to listen and claim at once; polling every PollInterval instead of listening",
+			"max_conns", maxConns, "poll_interval", d.config.PollInterval)
+		return nil
+	}
+	onNotify := signal
+	if cooldown := d.client.Config().NotifyCooldown; cooldown > 0 {
+		// Submits under a cooldown leave some keys without a notification
+		// of their own; a claim one cooldown after the last notification
+		// finds them.
+		trailing = time.AfterFunc(time.Hour, signal)
+		trailing.Stop()
+		onNotify = func() {
+			signal()
+			trailing.Reset(cooldown)
+		}
+	}
+	background.Add(1)
+	go func() {
+		defer background.Done()
+		defer release()
+		d.listen(ctx, signal, onNotify)
+	}()
+	return trailing
+}
 
 // listen calls onNotify on every notification of new work, and reconnects
 // when its connection drops, calling wake to catch up.

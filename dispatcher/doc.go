@@ -43,7 +43,11 @@
 // Submitting transactions notify; the dispatcher listens and wakes within
 // milliseconds of a commit, and polls every [Config.PollInterval] for rows
 // whose backoff elapsed or whose notification was lost. The listener
-// reconnects after a dropped connection. When Run's context is done it stops
+// reconnects after a dropped connection. It holds a pool connection for as
+// long as Run runs, so it listens only when the pool keeps another one for
+// claims and records: over a pool of one connection (pgxpool MaxConns 1,
+// database/sql SetMaxOpenConns(1)) Run logs a warning at start-up and polls
+// every PollInterval instead. When Run's context is done it stops
 // claiming, lets calls in flight finish for [Config.ShutdownTimeout], records
 // them, and returns; calls cut off stay in flight for the reconciler.
 package dispatcher

@@ -5,6 +5,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
@@ -106,11 +111,41 @@ func TestOneConnection(t *testing.T) {
 	})
 }
 
+// logRecorder collects the messages of a logger.
+type logRecorder struct {
+	mu       sync.Mutex
+	messages []string
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (r *logRecorder) Handle(_ context.Context, record slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.messages = append(r.messages, record.Message)
+	return nil
+}
+
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+func (r *logRecorder) contains(substring string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, message := range r.messages {
+		if strings.Contains(message, substring) {
+			return true
+		}
+	}
+	return false
+}
+
 func testOneConnection[TTx any](t *testing.T, h oneConnHarness[TTx]) {
 	t.Helper()
 
 	type testBundle struct {
 		client   *outbox.Client[TTx]
+		logs     *logRecorder
 		pool     *pgxpool.Pool
 		provider *countingProvider
 		schema   string
@@ -125,8 +160,9 @@ func testOneConnection[TTx any](t *testing.T, h oneConnHarness[TTx]) {
 		registry := outbox.NewRegistry()
 		require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
 		require.NoError(t, registry.Register("email", uncertain, outbox.AtMostOnce))
-		client, pool, submitTx := h.open(t, outbox.Config{Schema: schema, Registry: registry})
-		return &testBundle{client: client, pool: pool, provider: provider, schema: schema, submitTx: submitTx}
+		logs := &logRecorder{}
+		client, pool, submitTx := h.open(t, outbox.Config{Schema: schema, Registry: registry, Logger: slog.New(logs)})
+		return &testBundle{client: client, logs: logs, pool: pool, provider: provider, schema: schema, submitTx: submitTx}
 	}
 
 	// within bounds one operation; its failure says what a deadline means.
@@ -178,6 +214,50 @@ func testOneConnection[TTx any](t *testing.T, h oneConnHarness[TTx]) {
 		require.NoError(t, err, deadlock)
 		require.Equal(t, submitted.Key, res.Key)
 		require.Equal(t, outbox.StateSucceeded, res.State)
+	})
+
+	t.Run("Wait", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		submitted, err := bundle.client.Submit(within(t), refundCall("run-wait"))
+		require.NoError(t, err, deadlock)
+
+		// Another process runs the key: a client over the shared pool, with a
+		// provider held until Wait is waiting.
+		held := &countingProvider{response: json.RawMessage(`{"refund_id":"re_2"}`), hold: make(chan struct{})}
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", held, outbox.IdempotentByKey))
+		other, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
+		require.NoError(t, err)
+		doErr := make(chan error, 1)
+		go func() {
+			_, err := other.Do(context.WithoutCancel(t.Context()), refundCall("run-wait"), nil)
+			doErr <- err
+		}()
+		require.Eventually(t, func() bool { return held.calls.Load() == 1 }, oneConnDeadline, 5*time.Millisecond)
+
+		acquired := bundle.pool.Stat().AcquireCount()
+		type waitResult struct {
+			res outbox.Result
+			err error
+		}
+		waited := make(chan waitResult, 1)
+		waitCtx := within(t)
+		go func() {
+			res, err := bundle.client.Wait(waitCtx, submitted.Key)
+			waited <- waitResult{res, err}
+		}()
+		// Wait read the key once, and took the connection again since: to
+		// listen, or to read again.
+		require.Eventually(t, func() bool { return bundle.pool.Stat().AcquireCount() >= acquired+2 },
+			oneConnDeadline, 5*time.Millisecond)
+		close(held.hold)
+		require.NoError(t, <-doErr)
+
+		got := <-waited
+		require.NoError(t, got.err, deadlock)
+		require.Equal(t, outbox.StateSucceeded, got.res.State)
+		require.JSONEq(t, `{"refund_id":"re_2"}`, string(got.res.Response))
 	})
 
 	t.Run("Resolve", func(t *testing.T) {
@@ -234,6 +314,35 @@ func testOneConnection[TTx any](t *testing.T, h oneConnHarness[TTx]) {
 		stats, err := bundle.client.Stats(within(t))
 		require.NoError(t, err, deadlock)
 		require.Equal(t, int64(1), stats.Pending)
+	})
+
+	t.Run("DispatcherRunDrainsKeys", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		d, err := dispatcher.New(bundle.client, dispatcher.Config{PollInterval: 50 * time.Millisecond})
+		require.NoError(t, err)
+		runCtx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
+		ran := make(chan error, 1)
+		go func() { ran <- d.Run(runCtx) }()
+		defer func() {
+			stop()
+			require.NoError(t, <-ran)
+		}()
+		// It cannot listen and claim at once on one connection, and says so.
+		require.Eventually(t, func() bool { return bundle.logs.contains("too small to listen and claim") }, oneConnDeadline, 5*time.Millisecond,
+			"the dispatcher never said it polls instead of listening")
+
+		var keys []outbox.Key
+		for i := range 3 {
+			res, err := bundle.client.Submit(within(t), refundCall(fmt.Sprintf("run-dispatch-%d", i)))
+			require.NoError(t, err, deadlock)
+			keys = append(keys, res.Key)
+		}
+		for _, key := range keys {
+			res, err := bundle.client.Wait(within(t), key)
+			require.NoError(t, err, deadlock)
+			require.Equal(t, outbox.StateSucceeded, res.State)
+		}
 	})
 
 	t.Run("ReconcileRunOnce", func(t *testing.T) {

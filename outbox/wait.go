@@ -26,6 +26,12 @@ const (
 // held while any wait is running. Wait also re-reads the key with a backoff
 // up to 2s, in case a notification is missed or the connection drops.
 //
+// The listening connection is taken from the client's pool only when the
+// pool keeps another one for the reads: over a pool of one connection
+// (pgxpool MaxConns 1, database/sql SetMaxOpenConns(1)), or of two while the
+// client's dispatcher listens, waits do not listen and see a result by
+// re-reading alone, up to 2s after it is recorded.
+//
 // A read that fails transiently (a lost connection, a restarting server, too
 // many connections; see the README, "Waiting for a result") is retried with
 // the same backoff: Wait keeps waiting through it. A definitive answer
@@ -123,13 +129,7 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 	w.byKey[key][woken] = struct{}{}
 	w.count++
 	if w.count == 1 {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		w.cancel, w.done = cancel, done
-		go func() {
-			defer close(done)
-			w.listen(ctx, s, config)
-		}()
+		w.start(s, config)
 	}
 	return func() {
 		w.mu.Lock()
@@ -150,6 +150,27 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 			<-done
 		}
 	}
+}
+
+// start starts the listener, unless the pool is too small to listen and
+// read at once (see [store.Store.ReserveListener]): the listener holds a
+// connection while it runs, and with a pool of one the waits could not read
+// their keys. The waits then poll. w.mu is held.
+func (w *waiters) start(s *store.Store, config Config) {
+	release, maxConns, ok := s.ReserveListener()
+	if !ok {
+		config.Logger.Debug("pgonce: the connection pool is too small to listen and read at once; waits poll",
+			"max_conns", maxConns)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w.cancel, w.done = cancel, done
+	go func() {
+		defer close(done)
+		defer release()
+		w.listen(ctx, s, config)
+	}()
 }
 
 func (w *waiters) listen(ctx context.Context, s *store.Store, config Config) {

@@ -21,6 +21,7 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 		func(ctx context.Context, f func(*pgx.Conn) error) error {
 			return pool.AcquireFunc(ctx, func(conn *pgxpool.Conn) error { return f(conn.Conn()) })
 		},
+		func() int { return int(pool.Stat().MaxConns()) },
 		func(rw *rewriter) Executor { return newPgxExecutor(pool, rw) },
 	)
 	if err != nil {

@@ -43,6 +43,8 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 			return withConn(ctx, func(conn *pgx.Conn) error { return f(conn) })
 		},
 		withConn,
+		// Read on every use: SetMaxOpenConns may come after New.
+		func() int { return db.Stats().MaxOpenConnections },
 		func(rw *rewriter) Executor { return newStdExecutor(db, rw) },
 	)
 	if err != nil {

@@ -2,11 +2,13 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -67,4 +69,76 @@ func TestListenLoopLeavesAHalfOpenConnection(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no notification after reconnecting")
 	}
+}
+
+func TestReserveListener(t *testing.T) {
+	t.Parallel()
+
+	pgxStore := func(t *testing.T, maxConns int32) *store.Store {
+		t.Helper()
+		config, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+		require.NoError(t, err)
+		config.MaxConns = maxConns
+		pool, err := pgxpool.NewWithConfig(t.Context(), config)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		driver, err := store.NewPgxDriver(pool, pgoncetest.NewSchemaName(t))
+		require.NoError(t, err)
+		return driver.Store()
+	}
+	stdStore := func(t *testing.T, maxOpen int) (*store.Store, *sql.DB) {
+		t.Helper()
+		db, err := sql.Open("pgx", pgoncetest.DatabaseURL(t))
+		require.NoError(t, err)
+		db.SetMaxOpenConns(maxOpen)
+		t.Cleanup(func() { _ = db.Close() })
+		driver, err := store.NewStdDriver(db, pgoncetest.NewSchemaName(t))
+		require.NoError(t, err)
+		return driver.Store(), db
+	}
+
+	t.Run("RefusedByAPoolOfOne", func(t *testing.T) {
+		t.Parallel()
+		_, maxConns, ok := pgxStore(t, 1).ReserveListener()
+		require.False(t, ok)
+		require.Equal(t, 1, maxConns)
+
+		s, _ := stdStore(t, 1)
+		_, maxConns, ok = s.ReserveListener()
+		require.False(t, ok)
+		require.Equal(t, 1, maxConns)
+	})
+
+	t.Run("LeavesOneConnectionForStatements", func(t *testing.T) {
+		t.Parallel()
+		s := pgxStore(t, 2)
+		release, _, ok := s.ReserveListener()
+		require.True(t, ok)
+		_, _, ok = s.ReserveListener()
+		require.False(t, ok, "a second listener would leave no connection")
+		release()
+		release() // a second release gives nothing back twice
+		again, _, ok := s.ReserveListener()
+		require.True(t, ok)
+		again()
+	})
+
+	t.Run("UnlimitedDatabaseSQL", func(t *testing.T) {
+		t.Parallel()
+		s, _ := stdStore(t, 0)
+		for range 3 {
+			release, maxConns, ok := s.ReserveListener()
+			require.True(t, ok)
+			require.Zero(t, maxConns)
+			t.Cleanup(release)
+		}
+	})
+
+	t.Run("ReadsSetMaxOpenConnsAfterNew", func(t *testing.T) {
+		t.Parallel()
+		s, db := stdStore(t, 0)
+		db.SetMaxOpenConns(1)
+		_, _, ok := s.ReserveListener()
+		require.False(t, ok)
+	})
 }

@@ -85,26 +85,64 @@ type Store struct {
 	pgxFunc func(ctx context.Context, f func(db dbpgx.DBTX) error) error
 	// connFunc runs f with a connection held for f's whole duration.
 	connFunc func(ctx context.Context, f func(conn *pgx.Conn) error) error
-	executor Executor
+	// maxConnsFunc returns the most connections the pool opens at once, or
+	// 0 for no limit.
+	maxConnsFunc func() int
+	executor     Executor
+
+	mu sync.Mutex
+	// listeners counts the connections reserved by [Store.ReserveListener].
+	listeners int
 }
 
 func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) error) error,
-	connFunc func(context.Context, func(*pgx.Conn) error) error, executor func(*rewriter) Executor,
+	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int, executor func(*rewriter) Executor,
 ) (*Store, error) {
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
 	rw := newRewriter(schema)
 	return &Store{
-		Schema:      schema,
-		WorkChannel: ident.WorkChannel(schema),
-		DoneChannel: ident.DoneChannel(schema),
-		rewriter:    rw,
-		queries:     dbpgx.New(),
-		pgxFunc:     pgxFunc,
-		connFunc:    connFunc,
-		executor:    executor(rw),
+		Schema:       schema,
+		WorkChannel:  ident.WorkChannel(schema),
+		DoneChannel:  ident.DoneChannel(schema),
+		rewriter:     rw,
+		queries:      dbpgx.New(),
+		pgxFunc:      pgxFunc,
+		connFunc:     connFunc,
+		maxConnsFunc: maxConnsFunc,
+		executor:     executor(rw),
 	}, nil
+}
+
+// ReserveListener reserves a pool connection for a listener, which holds
+// one for as long as it runs ([Store.ListenLoop]). Every other operation of
+// the store holds at most one connection at a time, and only for a
+// statement; a listener may take one only when, with it held, the pool still
+// has a connection for those statements. With a pool of one connection, or
+// of two while another listener of this store runs, ReserveListener refuses
+// (ok is false) and the caller polls instead of listening. maxConns is the
+// pool's limit, 0 for none; release gives the reservation back.
+//
+// The limit is the pool the store was built on: pgxpool's MaxConns, or
+// database/sql's SetMaxOpenConns. Listeners of other stores over the same
+// pool are not counted.
+func (s *Store) ReserveListener() (release func(), maxConns int, ok bool) {
+	maxConns = s.maxConnsFunc()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if maxConns > 0 && s.listeners+1 >= maxConns {
+		return nil, maxConns, false
+	}
+	s.listeners++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.listeners--
+			s.mu.Unlock()
+		})
+	}, maxConns, true
 }
 
 // Executor returns an executor that runs each statement on its own in the
@@ -193,6 +231,7 @@ const (
 // ready is called after
 // every (re)connection, so the caller can catch up on what arrived while it
 // was not listening; lost, if not nil, is told of each lost connection.
+// Callers hold a reservation of [Store.ReserveListener] while it runs.
 func (s *Store) ListenLoop(ctx context.Context, channels []string, timeout time.Duration, ready func(), handle func(*pgconn.Notification), lost func(err error, retryIn time.Duration)) {
 	retry := listenRetryMin
 	for ctx.Err() == nil {
