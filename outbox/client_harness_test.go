@@ -23,6 +23,8 @@ type driverHarness[TTx any] struct {
 	rollback  func(tx TTx) error
 	// exec runs one statement in tx.
 	exec func(tx TTx, query string) error
+	// backendPID returns the pid of the server process that runs tx.
+	backendPID func(t *testing.T, tx TTx) int
 }
 
 func pgxHarness() driverHarness[pgx.Tx] {
@@ -53,6 +55,12 @@ func pgxHarness() driverHarness[pgx.Tx] {
 			_, err := tx.Exec(context.Background(), query)
 			return err
 		},
+		backendPID: func(t *testing.T, tx pgx.Tx) int {
+			t.Helper()
+			var pid int
+			require.NoError(t, tx.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid))
+			return pid
+		},
 	}
 }
 
@@ -76,6 +84,12 @@ func stdHarness() driverHarness[*sql.Tx] {
 		exec: func(tx *sql.Tx, query string) error {
 			_, err := tx.ExecContext(context.Background(), query)
 			return err
+		},
+		backendPID: func(t *testing.T, tx *sql.Tx) int {
+			t.Helper()
+			var pid int
+			require.NoError(t, tx.QueryRowContext(t.Context(), "SELECT pg_backend_pid()").Scan(&pid))
+			return pid
 		},
 	}
 }

@@ -203,6 +203,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.True(t, res.Created)
 
 		second := h.begin(t, nil)
+		secondPID := h.backendPID(t, second)
 		done := make(chan outbox.Result, 1)
 		go func() {
 			res, err := bundle.client.SubmitTx(context.Background(), second, refundCall("run-wait"))
@@ -211,7 +212,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 			}
 			done <- res
 		}()
-		awaitLockWait(t)
+		awaitLockWait(t, secondPID)
 		require.NoError(t, h.commit(first))
 
 		select {
@@ -233,6 +234,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.NoError(t, err)
 
 		second := h.begin(t, nil)
+		secondPID := h.backendPID(t, second)
 		done := make(chan outbox.Result, 1)
 		go func() {
 			res, err := bundle.client.SubmitTx(context.Background(), second, refundCall("run-rollback"))
@@ -241,7 +243,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 			}
 			done <- res
 		}()
-		awaitLockWait(t)
+		awaitLockWait(t, secondPID)
 		require.NoError(t, h.rollback(first))
 
 		select {
@@ -265,6 +267,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 			require.NoError(t, err)
 
 			second := h.begin(t, opts)
+			secondPID := h.backendPID(t, second)
 			// Take the snapshot before the first commits.
 			_, err = bundle.client.Get(t.Context(), mustKey(t, refundCall("other")))
 			require.ErrorIs(t, err, outbox.ErrNotFound)
@@ -273,7 +276,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 				_, err := bundle.client.SubmitTx(context.Background(), second, refundCall("run-ser"))
 				errs <- err
 			}()
-			awaitLockWait(t)
+			awaitLockWait(t, secondPID)
 			require.NoError(t, h.commit(first))
 			select {
 			case err := <-errs:
@@ -670,20 +673,18 @@ func mustKey(t *testing.T, call outbox.Call) outbox.Key {
 	return key
 }
 
-// awaitLockWait waits until some backend of this database waits on a lock:
-// the second of two racing transactions, blocked on the unique index.
-func awaitLockWait(t *testing.T) {
+// awaitLockWait waits until the backend pid, that of the second of two
+// racing transactions, is blocked by another backend: on the unique index,
+// behind the first. Only that backend counts, so the lock waits of tests
+// running beside it satisfy nothing.
+func awaitLockWait(t *testing.T, pid int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		var waiting bool
-		err := pgoncetest.Pool(t).QueryRow(context.Background(), `
-			SELECT EXISTS (
-				SELECT 1 FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock'
-					AND query LIKE '%pgonce_key%'
-			)`).Scan(&waiting)
-		return err == nil && waiting
-	}, 30*time.Second, 5*time.Millisecond)
+		var blocked bool
+		err := pgoncetest.Pool(t).QueryRow(context.Background(),
+			`SELECT cardinality(pg_blocking_pids($1)) > 0`, pid).Scan(&blocked)
+		return err == nil && blocked
+	}, 30*time.Second, 5*time.Millisecond, "backend %d never waited on a lock", pid)
 }
 
 func TestDoLookupByNaturalID(t *testing.T) {
