@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -36,10 +37,6 @@ const (
 const (
 	crashCallTimeout = 2 * time.Second
 	crashLease       = 3 * time.Second
-	// providerLatency is spent before a provider's statement (the request in
-	// transit) and again inside it (the provider at work), so that a kill
-	// lands both before and after effects.
-	providerLatency = 3 * time.Millisecond
 )
 
 // crashClientConfig is the client configuration of every process in the
@@ -63,10 +60,21 @@ func crashDispatcherConfig() dispatcher.Config {
 // ledger models downstream systems whose effects are rows of the ledger
 // table, so that every process sees the same effects: one row per effect,
 // marked with the pid of the process that caused it.
+//
+// In the dispatcher processes that the crash test kills, the ledger is
+// gated: a call runs only with one of the tickets in the gate table, and a
+// call without one is held until its process stops: the first call of
+// each tool held before its effect, the second after it, and so on. Held
+// calls are recorded in the held table. The test kills the processes once
+// every ticket's call is recorded and calls are held, so what a kill
+// interrupts is decided by the barrier, not by timing.
 type ledger struct {
 	pool   *pgxpool.Pool
 	schema string // quoted
 	pid    int
+	// gate, when not nil, makes the ledger gated; it is closed when the
+	// process stops, and releases the held calls with an error.
+	gate <-chan struct{}
 }
 
 // response is what a provider of the ledger returns for an effect made by
@@ -75,14 +83,38 @@ func response(pid int) json.RawMessage {
 	return json.RawMessage(fmt.Sprintf(`{"pid":%d}`, pid))
 }
 
-// inTransit spends the time a request takes to reach the provider.
-func inTransit(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(providerLatency):
-		return nil
+// gated runs effect, a provider's call, through the ledger's gate (see
+// [ledger]). Its statements ignore the call timeout: a ticket's call cut off
+// on a loaded machine would leave the test waiting for its outcome.
+func (l *ledger) gated(ctx context.Context, req outbox.Request, effect func(context.Context) (json.RawMessage, error)) (json.RawMessage, error) {
+	if l.gate == nil {
+		return effect(ctx)
 	}
+	ctx = context.WithoutCancel(ctx)
+	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.gate SET tickets = tickets - 1 WHERE tickets > 0`)
+	if err != nil {
+		return nil, err
+	}
+	if tag.RowsAffected() == 1 {
+		return effect(ctx)
+	}
+	var arrival int
+	if err := l.pool.QueryRow(ctx, `UPDATE `+l.schema+`.arrivals SET held = held + 1 WHERE tool = $1 RETURNING held`,
+		req.Tool).Scan(&arrival); err != nil {
+		return nil, err
+	}
+	afterEffect := arrival%2 == 0
+	if afterEffect {
+		if _, err := effect(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := l.pool.Exec(ctx, `INSERT INTO `+l.schema+`.held (key, tool, after_effect) VALUES ($1, $2, $3)`,
+		string(req.Key), req.Tool, afterEffect); err != nil {
+		return nil, err
+	}
+	<-l.gate
+	return nil, errors.New("held at the gate until the process stopped")
 }
 
 // keyedProvider deduplicates on the key it is given, as an API taking an
@@ -91,20 +123,18 @@ func inTransit(ctx context.Context) error {
 type keyedProvider struct{ *ledger }
 
 func (p keyedProvider) Call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-	if err := inTransit(ctx); err != nil {
-		return nil, err
-	}
+	return p.gated(ctx, req, func(ctx context.Context) (json.RawMessage, error) { return p.call(ctx, req) })
+}
+
+func (p keyedProvider) call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 	// The final SELECT reads the snapshot taken before the statement: it sees
 	// the first effect's pid when the key was already there, and claimed's
 	// row when this call made the effect.
 	var pid int
 	err := p.pool.QueryRow(ctx, `
-		WITH slept AS (
-			SELECT FROM pg_sleep($4::float8)
-		),
-		claimed AS (
+		WITH claimed AS (
 			INSERT INTO `+p.schema+`.effects_keyed (key, pid)
-			SELECT $1::text, $3::int FROM slept
+			VALUES ($1::text, $3::int)
 			ON CONFLICT (key) DO NOTHING
 			RETURNING pid
 		),
@@ -115,7 +145,7 @@ func (p keyedProvider) Call(ctx context.Context, req outbox.Request) (json.RawMe
 		SELECT pid FROM claimed
 		UNION ALL
 		SELECT pid FROM `+p.schema+`.effects_keyed WHERE key = $1::text`,
-		string(req.Key), req.NaturalID, p.pid, providerLatency.Seconds()).Scan(&pid)
+		string(req.Key), req.NaturalID, p.pid).Scan(&pid)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +157,7 @@ func (p keyedProvider) Call(ctx context.Context, req outbox.Request) (json.RawMe
 type lookupProvider struct{ *ledger }
 
 func (p lookupProvider) Call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-	return p.insert(ctx, req)
+	return p.gated(ctx, req, func(ctx context.Context) (json.RawMessage, error) { return p.insert(ctx, req) })
 }
 
 func (p lookupProvider) Lookup(ctx context.Context, req outbox.Request) (json.RawMessage, bool, error) {
@@ -149,17 +179,13 @@ func (p lookupProvider) Lookup(ctx context.Context, req outbox.Request) (json.Ra
 type plainProvider struct{ *ledger }
 
 func (p plainProvider) Call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-	return p.insert(ctx, req)
+	return p.gated(ctx, req, func(ctx context.Context) (json.RawMessage, error) { return p.insert(ctx, req) })
 }
 
 func (l *ledger) insert(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-	if err := inTransit(ctx); err != nil {
-		return nil, err
-	}
 	_, err := l.pool.Exec(ctx, `
-		INSERT INTO `+l.schema+`.ledger (natural_id, tool, pid)
-		SELECT $1::text, $2::text, $3::int FROM pg_sleep($4::float8)`,
-		req.NaturalID, req.Tool, l.pid, providerLatency.Seconds())
+		INSERT INTO `+l.schema+`.ledger (natural_id, tool, pid) VALUES ($1, $2, $3)`,
+		req.NaturalID, req.Tool, l.pid)
 	if err != nil {
 		return nil, err
 	}
@@ -167,9 +193,10 @@ func (l *ledger) insert(ctx context.Context, req outbox.Request) (json.RawMessag
 }
 
 // ledgerRegistry registers refund (deduplicated by key), provision (looked
-// up by natural id) and email (at most once) over the ledger in schema.
-func ledgerRegistry(pool *pgxpool.Pool, schema string) (*outbox.Registry, error) {
-	l := &ledger{pool: pool, schema: ident.Quote(schema), pid: os.Getpid()}
+// up by natural id) and email (at most once) over the ledger in schema,
+// gated by gate when it is not nil (see [ledger]).
+func ledgerRegistry(pool *pgxpool.Pool, schema string, gate <-chan struct{}) (*outbox.Registry, error) {
+	l := &ledger{pool: pool, schema: ident.Quote(schema), pid: os.Getpid(), gate: gate}
 	registry := outbox.NewRegistry()
 	return registry, errors.Join(
 		registry.Register("refund", keyedProvider{l}, outbox.IdempotentByKey),
@@ -204,7 +231,7 @@ func runChildDispatcher() int {
 			return err
 		}
 		defer pool.Close()
-		registry, err := ledgerRegistry(pool, schema)
+		registry, err := ledgerRegistry(pool, schema, ctx.Done())
 		if err != nil {
 			return err
 		}
@@ -230,8 +257,9 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 
 	const (
 		rows = 600
-		// killAfter is how many keys must be finished before the kill: enough
-		// to know the children work, few enough that most rows are left.
+		// killAfter is how many calls the children may make (the gate's
+		// tickets), all finished before the kill: enough to know the children
+		// work, few enough that most rows are left.
 		killAfter = 30
 	)
 
@@ -251,9 +279,16 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 		quoted := ident.Quote(schema)
 		_, err := pool.Exec(t.Context(), `
 			CREATE TABLE `+quoted+`.ledger (natural_id text NOT NULL, tool text NOT NULL, pid integer NOT NULL);
-			CREATE TABLE `+quoted+`.effects_keyed (key text PRIMARY KEY, pid integer NOT NULL);`)
+			CREATE TABLE `+quoted+`.effects_keyed (key text PRIMARY KEY, pid integer NOT NULL);
+			CREATE TABLE `+quoted+`.gate (tickets integer NOT NULL);
+			CREATE TABLE `+quoted+`.arrivals (tool text PRIMARY KEY, held integer NOT NULL);
+			CREATE TABLE `+quoted+`.held (key text PRIMARY KEY, tool text NOT NULL, after_effect boolean NOT NULL);`)
 		require.NoError(t, err)
-		registry, err := ledgerRegistry(pool, schema)
+		_, err = pool.Exec(t.Context(), `
+			INSERT INTO `+quoted+`.gate (tickets) VALUES (`+strconv.Itoa(killAfter)+`);
+			INSERT INTO `+quoted+`.arrivals (tool, held) VALUES ('refund', 0), ('provision', 0), ('email', 0);`)
+		require.NoError(t, err)
+		registry, err := ledgerRegistry(pool, schema, nil)
 		require.NoError(t, err)
 		client, err := outbox.NewPgx(pool, crashClientConfig(schema, registry))
 		require.NoError(t, err)
@@ -333,14 +368,21 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 		children = append(children, child{cmd: cmd, stdin: stdin, stderr: stderr})
 	}
 
-	// Once some keys are finished, kill every child mid-work: rows they had
-	// claimed stay in flight under leases nobody will release.
+	// Once every ticket's call is recorded and the children hold calls both
+	// before and after their effects, kill every child mid-work: the rows
+	// they had claimed stay in flight under leases nobody will release. No
+	// more calls can finish, since the children make none without a
+	// ticket. Each child keeps at least half its Concurrency claimed, so
+	// some tool has two calls held, one of each kind.
 	require.Eventually(t, func() bool {
-		var finished int
-		err := bundle.pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE state <> 'open'`).Scan(&finished)
-		return err == nil && finished >= killAfter
-	}, time.Minute, 2*time.Millisecond)
+		var finished, heldBefore, heldAfter int
+		err := bundle.pool.QueryRow(context.Background(), `
+			SELECT
+				(SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE state <> 'open'),
+				(SELECT count(*) FROM `+bundle.quoted+`.held WHERE NOT after_effect),
+				(SELECT count(*) FROM `+bundle.quoted+`.held WHERE after_effect)`).Scan(&finished, &heldBefore, &heldAfter)
+		return err == nil && finished == killAfter && heldBefore > 0 && heldAfter > 0
+	}, time.Minute, 5*time.Millisecond)
 	kill()
 	for i, c := range children {
 		require.NotContains(t, c.stderr.String(), "DATA RACE", "child %d", i)
@@ -356,8 +398,12 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 	}, time.Minute, 5*time.Millisecond)
 	finishedAtKill := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE state <> 'open'`)
 	inFlightAtKill := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.pgonce_key WHERE lease_until IS NOT NULL`)
-	t.Logf("at the kill: %d of %d keys finished, %d in flight", finishedAtKill, rows, inFlightAtKill)
-	require.Less(t, finishedAtKill, rows, "the kill must leave work undone")
+	heldBefore := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.held WHERE NOT after_effect`)
+	heldAfter := count(t, bundle, `SELECT count(*) FROM `+bundle.quoted+`.held WHERE after_effect`)
+	t.Logf("at the kill: %d of %d keys finished, %d in flight, of which %d held before their effect and %d after it",
+		finishedAtKill, rows, inFlightAtKill, heldBefore, heldAfter)
+	require.Equal(t, killAfter, finishedAtKill, "only the tickets' calls finish before the kill")
+	require.GreaterOrEqual(t, inFlightAtKill, heldBefore+heldAfter, "every held call's row is in flight")
 
 	// The dead workers' leases run out; the reconciler takes every row
 	// whose lease ended more than its grace ago.
