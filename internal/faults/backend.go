@@ -2,9 +2,11 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -62,4 +64,34 @@ func TerminateBackend(ctx context.Context, pool *pgxpool.Pool, pid int) error {
 		return fmt.Errorf("terminate backend %d: no such backend", pid)
 	}
 	return nil
+}
+
+// KillAnyBackend terminates one backend of applicationName, picked at
+// random, and returns what it was doing: the name of the pgonce statement it
+// ran ("OutboxClaimBatch", "KeyInsert", …), "idle", or another activity. It
+// returns "" when applicationName has no backend.
+func KillAnyBackend(ctx context.Context, pool *pgxpool.Pool, applicationName string) (string, error) {
+	var doing string
+	err := pool.QueryRow(ctx, `
+		WITH victim AS (
+			SELECT pid,
+				CASE
+					WHEN state = 'active' AND query ~ '-- name: \w+'
+						THEN substring(query FROM '-- name: (\w+)')
+					WHEN state = 'idle' AND query ILIKE 'LISTEN%' THEN 'listen'
+					ELSE coalesce(state, 'unknown')
+				END AS doing
+			FROM pg_stat_activity
+			WHERE application_name = $1 AND pid <> pg_backend_pid()
+			ORDER BY random()
+			LIMIT 1
+		)
+		SELECT doing FROM victim WHERE pg_terminate_backend(pid)`, applicationName).Scan(&doing)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("kill a backend: %w", err)
+	}
+	return doing, nil
 }

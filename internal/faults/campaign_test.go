@@ -78,6 +78,8 @@ type bundleOpts struct {
 	toolOpts *outbox.ToolOpts
 	// latency is spent before every provider call.
 	latency time.Duration
+	// hold is called after a provider call acted and before it answers.
+	hold func(ctx context.Context, req outbox.Request)
 }
 
 // bundle is one campaign: a schema with a ledger, the workers' pool and
@@ -132,7 +134,7 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	// The ledger writes through the direct pool: the downstream systems it
 	// models do not share the workers' network or connections.
 	ledger := faults.NewLedger(direct, schema)
-	ledger.ModeFunc, ledger.Latency = opts.mode, opts.latency
+	ledger.ModeFunc, ledger.Latency, ledger.HoldFunc = opts.mode, opts.latency, opts.hold
 	registry, err := ledger.Registry(opts.toolOpts)
 	require.NoError(t, err)
 	client, err := outbox.NewPgx(workers, clientConfig(schema, registry))
