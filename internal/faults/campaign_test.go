@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"net/url"
 	"os"
 	"sync"
 	"testing"
@@ -154,9 +155,13 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	}
 }
 
+// stopTimeout bounds how long a background task may take to stop.
+const stopTimeout = 20 * time.Second
+
 // background runs f until the returned stop is called or the test ends;
-// stop waits for f to return.
-func background(t *testing.T, f func(ctx context.Context)) (stop func()) {
+// stop waits for f to return, and fails t if it does not within
+// stopTimeout (the task is then left behind).
+func background(t *testing.T, name string, f func(ctx context.Context)) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan struct{})
@@ -168,7 +173,11 @@ func background(t *testing.T, f func(ctx context.Context)) (stop func()) {
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			<-done
+			select {
+			case <-done:
+			case <-time.After(stopTimeout):
+				t.Errorf("%s did not return within %s of its context's end", name, stopTimeout)
+			}
 		})
 	}
 	t.Cleanup(stop)
@@ -180,7 +189,7 @@ func (b *bundle) runDispatcher(t *testing.T) (stop func()) {
 	t.Helper()
 	d, err := dispatcher.New(b.client, dispatcherConfig())
 	require.NoError(t, err)
-	return background(t, func(ctx context.Context) { _ = d.Run(ctx) })
+	return background(t, "Dispatcher.Run", func(ctx context.Context) { _ = d.Run(ctx) })
 }
 
 // runReconciler runs a reconciler over the workers' client until stop.
@@ -188,14 +197,14 @@ func (b *bundle) runReconciler(t *testing.T) (stop func()) {
 	t.Helper()
 	r, err := reconcile.New(b.client, reconcile.Config{Grace: grace, PruneDisabled: true})
 	require.NoError(t, err)
-	return background(t, func(ctx context.Context) { _ = r.Run(ctx, 100*time.Millisecond) })
+	return background(t, "Reconciler.Run", func(ctx context.Context) { _ = r.Run(ctx, 100*time.Millisecond) })
 }
 
 // submit runs the workload until stop: workers goroutines, each pausing
 // between its calls.
 func (b *bundle) submit(t *testing.T, workers int, pause time.Duration) (stop func()) {
 	t.Helper()
-	return background(t, func(ctx context.Context) { b.load.Run(ctx, workers, 0, pause) })
+	return background(t, "the workload", func(ctx context.Context) { b.load.Run(ctx, workers, 0, pause) })
 }
 
 // finish waits until every committed call is terminal, with a dispatcher
@@ -229,4 +238,12 @@ func (b *bundle) check(t *testing.T, opts faults.CheckOpts) *faults.Report {
 	require.NoError(t, report.Err())
 	require.Positive(t, report.Committed, "the campaign committed calls")
 	return report
+}
+
+// hostPort returns the host:port of a database URL.
+func hostPort(t *testing.T, databaseURL string) string {
+	t.Helper()
+	u, err := url.Parse(databaseURL)
+	require.NoError(t, err)
+	return u.Host
 }

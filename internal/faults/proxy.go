@@ -103,23 +103,13 @@ func (p *Proxy) BlackHole() {
 	}
 }
 
-// Heal ends a [Proxy.BlackHole]. The connections that lost bytes in it are
-// reset, as a stateful firewall that forgot them would, and returns how
-// many.
-func (p *Proxy) Heal() int {
+// Heal ends a [Proxy.BlackHole] for new connections. The connections that
+// fell into it stay there, as after a silent NAT timeout, until
+// [Proxy.Cut], [Proxy.Reset] or [Proxy.Close].
+func (p *Proxy) Heal() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.holed = false
-	var holed []*proxyConn
-	for c := range p.conns {
-		if c.holed.Load() {
-			holed = append(holed, c)
-		}
-	}
-	p.mu.Unlock()
-	for _, c := range holed {
-		c.end(ActionReset)
-	}
-	return len(holed)
 }
 
 // Cut closes every open connection (FIN on both sides) and returns how many.

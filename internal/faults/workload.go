@@ -88,7 +88,12 @@ func (w *Workload) submit(ctx context.Context, call outbox.Call, step int64) Fat
 		w.errors.Add(1)
 		return FateRolledBack
 	}
-	rollback := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	rollback := func() {
+		// Bounded: the connection may be dead in a black hole.
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rbCtx)
+	}
 	if _, err := w.Client.SubmitTx(ctx, tx, call); err != nil {
 		w.errors.Add(1)
 		rollback()
