@@ -214,7 +214,7 @@ func (b *bundle) finish(t *testing.T, opts faults.CheckOpts) *faults.Report {
 	t.Helper()
 	stopD := b.runDispatcher(t)
 	stopR := b.runReconciler(t)
-	ctx, cancel := context.WithTimeout(t.Context(), faults.Scale(time.Minute, 3*time.Minute))
+	ctx, cancel := context.WithTimeout(t.Context(), faults.Scale(45*time.Second, 3*time.Minute))
 	defer cancel()
 	open, err := faults.AwaitTerminal(ctx, b.direct, b.schema, b.history.Keys())
 	stopD()

@@ -56,6 +56,9 @@ const (
 	ModeInvalidBody
 	// ModeHugeBody acts and returns a response of several megabytes.
 	ModeHugeBody
+	// ModeInvalidUTF8Body acts and returns JSON whose string holds bytes
+	// that are not UTF-8.
+	ModeInvalidUTF8Body
 	// ModeFailBadText fails without acting, with error text holding a NUL
 	// byte and invalid UTF-8.
 	ModeFailBadText
@@ -65,13 +68,14 @@ const (
 
 // modeNames name the modes in the attempts table and in summaries.
 var modeNames = map[Mode]string{
-	ModeReturn:         "return",
-	ModeActThenTimeout: "act_then_timeout",
-	ModeActThenPanic:   "act_then_panic",
-	ModeInvalidBody:    "invalid_body",
-	ModeHugeBody:       "huge_body",
-	ModeFailBadText:    "fail_bad_text",
-	ModeFailTransient:  "fail_transient",
+	ModeReturn:          "return",
+	ModeActThenTimeout:  "act_then_timeout",
+	ModeActThenPanic:    "act_then_panic",
+	ModeInvalidBody:     "invalid_body",
+	ModeHugeBody:        "huge_body",
+	ModeInvalidUTF8Body: "invalid_utf8_body",
+	ModeFailBadText:     "fail_bad_text",
+	ModeFailTransient:   "fail_transient",
 }
 
 // String returns the mode's name.
@@ -173,6 +177,8 @@ func newResponse(req outbox.Request, mode Mode) []byte {
 	switch mode {
 	case ModeInvalidBody:
 		return []byte("effect " + hex.EncodeToString(id[:]) + " <not json> \xff\xfe")
+	case ModeInvalidUTF8Body:
+		return fmt.Appendf(nil, `{"effect":"%x","key":%q,"note":"caf\xe9 \xff"}`, id, req.Key)
 	case ModeHugeBody:
 		pad := strings.Repeat("x", HugeBodySize)
 		return fmt.Appendf(nil, `{"effect":"%x","key":%q,"pad":"%s"}`, id, req.Key, pad)
