@@ -115,5 +115,4 @@ func TestCheckerCatches(t *testing.T) {
 		report := check(t, b)
 		require.Equal(t, 1, report.Dropped)
 	})
-
 }

@@ -81,9 +81,6 @@ var modeNames = map[Mode]string{
 // String returns the mode's name.
 func (m Mode) String() string { return modeNames[m] }
 
-// acts reports whether a call in mode m makes its effect.
-func (m Mode) acts() bool { return m != ModeFailBadText && m != ModeFailTransient }
-
 // HugeBodySize is the size of a [ModeHugeBody] response.
 const HugeBodySize = 4 << 20
 
