@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -26,11 +27,14 @@ import (
 
 // Timings of every campaign: short leases, so that the leases of stranded
 // attempts expire soon. The lease exceeds the call timeout by
-// outbox.LeaseMarginMin, as the dispatcher requires.
+// outbox.LeaseMarginMin, as the dispatcher requires. The grace covers a live
+// worker's record of a multi-megabyte outcome under the race detector on a
+// loaded machine: with less, the reconciler takes over attempts whose
+// answer is on its way to the store.
 const (
 	callTimeout = time.Second
 	lease       = 2 * time.Second
-	grace       = 100 * time.Millisecond
+	grace       = time.Second
 )
 
 // clientConfig is the client configuration of every campaign process.
@@ -81,6 +85,8 @@ type bundleOpts struct {
 	latency time.Duration
 	// hold is called after a provider call acted and before it answers.
 	hold func(ctx context.Context, req outbox.Request)
+	// grace is the reconciler's. Zero: the campaign's default.
+	grace time.Duration
 }
 
 // bundle is one campaign: a schema with a ledger, the workers' pool and
@@ -95,6 +101,7 @@ type bundle struct {
 	checker *outbox.Client[pgx.Tx] // over the direct pool
 	history *faults.History
 	load    *faults.Workload
+	grace   time.Duration
 }
 
 func setup(t *testing.T, opts *bundleOpts) *bundle {
@@ -147,7 +154,7 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	_, _ = rand.Read(run[:])
 	return &bundle{
 		schema: schema, app: app, direct: direct, workers: workers, ledger: ledger,
-		client: client, checker: checker, history: history,
+		client: client, checker: checker, history: history, grace: cmp.Or(opts.grace, grace),
 		load: &faults.Workload{
 			Client: client, Pool: workers, History: history,
 			RunID: "faults-" + hex.EncodeToString(run[:]), RollbackEvery: 7,
@@ -195,7 +202,7 @@ func (b *bundle) runDispatcher(t *testing.T) (stop func()) {
 // runReconciler runs a reconciler over the workers' client until stop.
 func (b *bundle) runReconciler(t *testing.T) (stop func()) {
 	t.Helper()
-	r, err := reconcile.New(b.client, reconcile.Config{Grace: grace, PruneDisabled: true})
+	r, err := reconcile.New(b.client, reconcile.Config{Grace: b.grace, PruneDisabled: true})
 	require.NoError(t, err)
 	return background(t, "Reconciler.Run", func(ctx context.Context) { _ = r.Run(ctx, 100*time.Millisecond) })
 }

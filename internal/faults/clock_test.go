@@ -28,7 +28,7 @@ func TestClockSkew(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cluster.SetEnv(map[string]string{
-				"LD_PRELOAD": faults.FaketimeLibrary,
+				"LD_PRELOAD": faults.FaketimeLibrary(t),
 				"FAKETIME":   faketime(tt.offset),
 			})
 			cluster.Restart("fast")

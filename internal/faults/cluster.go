@@ -31,9 +31,17 @@ const (
 // can be found and dropped.
 const ClusterPrefix = "pgonce_faults_"
 
-// FaketimeLibrary is libfaketime's preload library on Debian (package
-// libfaketime).
-const FaketimeLibrary = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+// FaketimeLibrary returns the path of libfaketime's preload library
+// (Debian package faketime), and fails tb when it is not installed.
+func FaketimeLibrary(tb testing.TB) string {
+	tb.Helper()
+	paths, _ := filepath.Glob("/usr/lib/*/faketime/libfaketime.so.1")
+	if len(paths) == 0 {
+		tb.Fatalf("faults: libfaketime not found under /usr/lib/*/faketime: install it (apt-get install faketime), "+
+			"or set %s=1 to skip the tests that need a private cluster", NoClusterEnv)
+	}
+	return paths[0]
+}
 
 // Cluster is a PostgreSQL cluster of a test's own, made with Debian's
 // postgresql-common tools on a free port, that the test may stop, restart

@@ -181,8 +181,9 @@ func (r *Report) violate(counter *int, format string, args ...any) {
 
 // keyRow is a pgonce_key row as the checker reads it.
 type keyRow struct {
-	state    string
-	response []byte
+	state     string
+	response  []byte
+	lastError string
 }
 
 // ledgerFacts are the ledger's rows of one key.
@@ -202,14 +203,14 @@ type ledgerFacts struct {
 func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbox.Client[pgx.Tx], h *History, opts CheckOpts) (*Report, error) {
 	s := ident.Quote(schema)
 	keys := map[string]keyRow{}
-	rows, err := pool.Query(ctx, `SELECT key, state, response FROM `+s+`.pgonce_key`)
+	rows, err := pool.Query(ctx, `SELECT key, state, response, coalesce(last_error, '') FROM `+s+`.pgonce_key`)
 	if err != nil {
 		return nil, fmt.Errorf("read keys: %w", err)
 	}
 	for rows.Next() {
 		var key string
 		var row keyRow
-		if err := rows.Scan(&key, &row.state, &row.response); err != nil {
+		if err := rows.Scan(&key, &row.state, &row.response, &row.lastError); err != nil {
 			return nil, fmt.Errorf("read keys: %w", err)
 		}
 		keys[key] = row
@@ -298,20 +299,22 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbo
 			r.Failed++
 			switch {
 			case len(f.effects) > 0 && !opts.Crashed:
-				r.violate(&r.Dropped, "%s %s: failed, but the provider acted", e.Call.Tool, key)
+				r.violate(&r.Dropped, "%s %s: failed, but the provider acted (last error: %q)", e.Call.Tool, key, row.lastError)
 			case !e.MayFail:
-				r.violate(&r.Dropped, "%s %s: failed, and no failure was expected", e.Call.Tool, key)
+				r.violate(&r.Dropped, "%s %s: failed, and no failure was expected (last error: %q)", e.Call.Tool, key, row.lastError)
 			}
 		case "needs_review":
 			r.Reviewed++
 			switch {
 			case delivery != outbox.AtMostOnce:
-				r.violate(&r.NeedlessReview, "%s %s: in review, but %s can settle it", e.Call.Tool, key, delivery)
+				r.violate(&r.NeedlessReview, "%s %s: in review, but %s can settle it (last error: %q)",
+					e.Call.Tool, key, delivery, row.lastError)
 			case f.returned > 0 && !opts.Crashed:
-				r.violate(&r.Dropped, "%s %s: in review, but the provider's answer reached a live worker", e.Call.Tool, key)
+				r.violate(&r.Dropped, "%s %s: in review, but the provider's answer reached a live worker (last error: %q)",
+					e.Call.Tool, key, row.lastError)
 			}
 		default:
-			r.violate(&r.Unfinished, "%s %s: still %s", e.Call.Tool, key, row.state)
+			r.violate(&r.Unfinished, "%s %s: still %s (last error: %q)", e.Call.Tool, key, row.state, row.lastError)
 		}
 	}
 	for key, f := range facts {

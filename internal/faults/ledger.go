@@ -82,7 +82,7 @@ var modeNames = map[Mode]string{
 func (m Mode) String() string { return modeNames[m] }
 
 // HugeBodySize is the size of a [ModeHugeBody] response.
-const HugeBodySize = 4 << 20
+const HugeBodySize = 2 << 20
 
 // Ledger models downstream systems whose effects are rows of tables in the
 // test's schema, so that every process of a test sees the same effects.
@@ -124,7 +124,8 @@ func CreateLedger(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 			attempt integer NOT NULL,
 			mode text NOT NULL,
 			pid integer NOT NULL,
-			returned boolean NOT NULL DEFAULT false
+			returned boolean NOT NULL DEFAULT false,
+			at timestamptz NOT NULL DEFAULT clock_timestamp()
 		);
 		CREATE TABLE `+s+`.faults_effect (
 			id bigserial PRIMARY KEY,

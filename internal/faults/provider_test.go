@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,13 +41,16 @@ func TestProviderFaults(t *testing.T) {
 		name    string
 		mode    func(req outbox.Request) faults.Mode
 		calls   int
-		mayFail string // a tool whose calls may end failed
+		mayFail string        // a tool whose calls may end failed
+		grace   time.Duration // the reconciler's, when not the default
 	}{
 		{name: "ActThenTimeout", mode: first(faults.ModeActThenTimeout, 2)},
 		{name: "ActThenPanic", mode: first(faults.ModeActThenPanic, 2)},
 		{name: "InvalidBody", mode: always(faults.ModeInvalidBody)},
 		{name: "InvalidUTF8Body", mode: always(faults.ModeInvalidUTF8Body)},
-		{name: "HugeBody", mode: always(faults.ModeHugeBody), calls: 6},
+		// Recording a few megabytes takes a dispatcher seconds under the
+		// race detector; a grace that short would take over live attempts.
+		{name: "HugeBody", mode: always(faults.ModeHugeBody), calls: 6, grace: 10 * time.Second},
 		{name: "FailTransient", mode: first(faults.ModeFailTransient, 3)},
 		{
 			// Keyed calls fail on every attempt with text PostgreSQL cannot
@@ -63,7 +67,7 @@ func TestProviderFaults(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &bundleOpts{mode: func(req outbox.Request) faults.Mode {
+			b := setup(t, &bundleOpts{grace: tt.grace, mode: func(req outbox.Request) faults.Mode {
 				mode := tt.mode(req)
 				if mode != faults.ModeReturn {
 					tally.Fault("provider_" + mode.String())
