@@ -184,13 +184,14 @@ type keyRow struct {
 	state     string
 	response  []byte
 	lastError string
+	attempt   int
 }
 
 // ledgerFacts are the ledger's rows of one key.
 type ledgerFacts struct {
 	effects  [][]byte // responses, in effect order
 	idem     []byte   // the keyed provider's stored response
-	returned int      // calls that answered their caller
+	returned []string // the attempts that answered their caller, and when
 }
 
 // Check compares the history with what the store and the ledger hold, and
@@ -203,14 +204,14 @@ type ledgerFacts struct {
 func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbox.Client[pgx.Tx], h *History, opts CheckOpts) (*Report, error) {
 	s := ident.Quote(schema)
 	keys := map[string]keyRow{}
-	rows, err := pool.Query(ctx, `SELECT key, state, response, coalesce(last_error, '') FROM `+s+`.pgonce_key`)
+	rows, err := pool.Query(ctx, `SELECT key, state, response, coalesce(last_error, ''), attempt FROM `+s+`.pgonce_key`)
 	if err != nil {
 		return nil, fmt.Errorf("read keys: %w", err)
 	}
 	for rows.Next() {
 		var key string
 		var row keyRow
-		if err := rows.Scan(&key, &row.state, &row.response, &row.lastError); err != nil {
+		if err := rows.Scan(&key, &row.state, &row.response, &row.lastError, &row.attempt); err != nil {
 			return nil, fmt.Errorf("read keys: %w", err)
 		}
 		keys[key] = row
@@ -235,8 +236,9 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbo
 	}); err != nil {
 		return nil, err
 	}
-	if err := scanAll(ctx, pool, `SELECT key, NULL::bytea FROM `+s+`.faults_attempt WHERE returned`, func(key string, _ []byte) {
-		fact(key).returned++
+	if err := scanAll(ctx, pool, `SELECT key, convert_to(attempt || ' at ' || at::text, 'UTF8')
+		FROM `+s+`.faults_attempt WHERE returned ORDER BY id`, func(key string, at []byte) {
+		fact(key).returned = append(fact(key).returned, string(at))
 	}); err != nil {
 		return nil, err
 	}
@@ -309,9 +311,9 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbo
 			case delivery != outbox.AtMostOnce:
 				r.violate(&r.NeedlessReview, "%s %s: in review, but %s can settle it (last error: %q)",
 					e.Call.Tool, key, delivery, row.lastError)
-			case f.returned > 0 && !opts.Crashed:
-				r.violate(&r.Dropped, "%s %s: in review, but the provider's answer reached a live worker (last error: %q)",
-					e.Call.Tool, key, row.lastError)
+			case len(f.returned) > 0 && !opts.Crashed:
+				r.violate(&r.Dropped, "%s %s: in review at attempt %d, but the provider's answer reached a live "+
+					"worker (attempt %s; last error: %q)", e.Call.Tool, key, row.attempt, strings.Join(f.returned, ", "), row.lastError)
 			}
 		default:
 			r.violate(&r.Unfinished, "%s %s: still %s (last error: %q)", e.Call.Tool, key, row.state, row.lastError)

@@ -132,6 +132,11 @@ func (p *Proxy) endAll(action Action) int {
 	return len(conns)
 }
 
+// TriggerGap is the least time between two firings of one [Trigger], so
+// that the retry of a statement whose answer was lost can get through, as
+// it would on a network that fails now and then rather than always.
+const TriggerGap = 250 * time.Millisecond
+
 // Trigger ends connections right after a matching client message reached
 // the server. See [Proxy.EndAfter].
 type Trigger struct {
@@ -141,6 +146,7 @@ type Trigger struct {
 	mu    sync.Mutex
 	left  int
 	fired int
+	last  time.Time
 }
 
 // Fired returns how many connections the trigger ended.
@@ -154,20 +160,23 @@ func (t *Trigger) Fired() int {
 func (t *Trigger) take() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.left == 0 {
+	if t.left == 0 || time.Since(t.last) < TriggerGap {
 		return false
 	}
 	t.left--
 	t.fired++
+	t.last = time.Now()
 	return true
 }
 
 // EndAfter arms a trigger for the next times client messages whose SQL
-// contains match (case-insensitive): a simple query, or the execution of a
-// statement whose text matches. Each firing forwards the message (through
-// its Sync) to the server, waits for the server's first answer (up to a
-// second), drops that answer and ends the connection with action. The
-// server has then done what the message asked; the client never hears it.
+// starts with match (case-insensitive, after leading blanks): a simple
+// query such as "commit", or the execution of a statement whose text
+// matches, such as sqlc's "-- name: OutboxFinish". Firings are at least
+// [TriggerGap] apart. Each forwards the message (through its Sync) to the
+// server, waits for the server's first answer (up to a second), drops that
+// answer and ends the connection with action. The server has then received
+// all the message asked, and may have done it; the client never hears.
 func (p *Proxy) EndAfter(match string, action Action, times int) *Trigger {
 	t := &Trigger{match: strings.ToLower(match), action: action, left: times}
 	p.mu.Lock()
@@ -181,9 +190,9 @@ func (p *Proxy) fire(query string) *Trigger {
 	p.mu.Lock()
 	triggers := p.triggers
 	p.mu.Unlock()
-	lower := strings.ToLower(query)
+	lower := strings.ToLower(strings.TrimSpace(query))
 	for _, t := range triggers {
-		if strings.Contains(lower, t.match) && t.take() {
+		if strings.HasPrefix(lower, t.match) && t.take() {
 			return t
 		}
 	}
@@ -314,7 +323,11 @@ func (c *proxyConn) end(action Action) {
 	})
 }
 
+// serverToClient forwards the server's bytes; when the server closes, so
+// does the client's side (PostgreSQL closes a cancel request's connection
+// without a word, and the client waits for that).
 func (c *proxyConn) serverToClient() {
+	defer c.end(ActionCut)
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := c.server.Read(buf)
