@@ -109,9 +109,10 @@ func (h *History) Keys() []outbox.Key {
 
 // CheckOpts tune [Check].
 type CheckOpts struct {
-	// Crashed says that workers died in the campaign: an outcome a dead
-	// worker knew may then rightly end in review, and is not counted as
-	// dropped.
+	// Crashed says that workers died in the campaign, or were cut off from
+	// the database for longer than their lease: an outcome such a worker
+	// knew but could not store in time may then rightly end in review, and
+	// is not counted as dropped.
 	Crashed bool
 }
 
