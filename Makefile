@@ -4,6 +4,8 @@ SQLC_VERSION          := v1.31.1
 GOLANGCI_LINT_VERSION := v2.15.0
 
 GOBIN ?= $(shell go env GOPATH)/bin
+# The fault campaign (internal/faults) appends its summary line here.
+FAULTS_SUMMARY := $(CURDIR)/faults-summary.txt
 SQLC          := $(GOBIN)/sqlc
 GOLANGCI_LINT := $(GOBIN)/golangci-lint
 
@@ -34,8 +36,16 @@ lint: tools ## Run golangci-lint
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: test
-test: ## Run the tests against PostgreSQL (see README: PGONCE_TEST_DATABASE_URL)
-	go test -race -count=1 ./...
+test: ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see README)
+	@rm -f $(FAULTS_SUMMARY)
+	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 ./...
+	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
+
+.PHONY: faults
+faults: ## Run the fault campaign's long profile (as root: it makes private clusters; see README, "Reliability")
+	@rm -f $(FAULTS_SUMMARY)
+	PGONCE_FAULTS=long PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 -timeout=90m ./internal/faults/
+	@cat $(FAULTS_SUMMARY)
 
 .PHONY: test/short
 test/short: ## Run the tests without the race detector

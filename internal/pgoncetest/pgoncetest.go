@@ -158,8 +158,15 @@ func DropSchema(tb testing.TB, schema string) {
 
 // Main runs the tests of a package that uses the harness, releases the
 // shared database and container, and then checks that no goroutine leaked.
-func Main(m *testing.M) {
+func Main(m *testing.M) { MainThen(m, nil) }
+
+// MainThen is [Main] that calls then, when not nil, with the exit code of the
+// tests before anything is released, and exits with the code then returns.
+func MainThen(m *testing.M, then func(code int) int) {
 	code := m.Run()
+	if then != nil {
+		code = then(code)
+	}
 	if shared.db != nil {
 		_ = shared.db.Close()
 	}

@@ -1,0 +1,122 @@
+package faults_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	mathrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/faults"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// Environment of a child dispatcher process.
+const (
+	childSchemaEnv = "PGONCE_FAULTS_CHILD_SCHEMA"
+	childURLEnv    = "PGONCE_FAULTS_CHILD_URL"
+	childAppEnv    = "PGONCE_FAULTS_CHILD_APP"
+)
+
+// runChild is the body of a dispatcher process of the crash loop: the
+// ledger's tools over the schema, until it is killed, signalled, or its
+// standard input closes (the test process is gone).
+func runChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		stop()
+	}()
+	err := func() error {
+		schema := os.Getenv(childSchemaEnv)
+		pool, err := faults.NewPool(ctx, os.Getenv(childURLEnv), os.Getenv(childAppEnv))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		ledger := faults.NewLedger(pool, schema)
+		ledger.Latency = 2 * time.Millisecond
+		registry, err := ledger.Registry(nil)
+		if err != nil {
+			return err
+		}
+		client, err := outbox.NewPgx(pool, clientConfig(schema, registry))
+		if err != nil {
+			return err
+		}
+		d, err := dispatcher.New(client, dispatcherConfig())
+		if err != nil {
+			return err
+		}
+		return d.Run(ctx)
+	}()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	return 0
+}
+
+// TestSIGKILLLoop kills dispatcher processes with SIGKILL at random moments,
+// again and again, while calls are submitted all the time; a reconciler and
+// a last dispatcher then finish the work, and the history must hold.
+func TestSIGKILLLoop(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	kills := faults.Scale(8, 60)
+	childApp := "faults_child_" + b.schema
+
+	stopSubmit := b.submit(t, 2, 5*time.Millisecond)
+	stopReconcile := b.runReconciler(t)
+	for i := range kills {
+		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
+		cmd.Env = append(os.Environ(),
+			childSchemaEnv+"="+b.schema,
+			childURLEnv+"="+pgoncetest.DatabaseURL(t),
+			childAppEnv+"="+childApp)
+		stderr := &bytes.Buffer{}
+		cmd.Stderr = stderr
+		stdin, err := cmd.StdinPipe() // closed by Wait: the child then exits
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		// A child's start-up takes a while under the race detector; the kill
+		// lands anywhere in its work after it.
+		time.Sleep(time.Duration(200+mathrand.IntN(800)) * time.Millisecond)
+		require.NoError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+		_ = stdin.Close()
+		require.NotContains(t, stderr.String(), "DATA RACE", "child %d", i)
+		tally.Fault("sigkill")
+	}
+	stopSubmit()
+	stopReconcile()
+	// A killed child's statements run on in the server until it notices the
+	// closed connection: wait for them to end before counting.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for {
+		var backends int
+		require.NoError(t, b.direct.QueryRow(ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, childApp).Scan(&backends))
+		if backends == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the killed children's backends did not end")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	b.finish(t, faults.CheckOpts{Crashed: true})
+}
