@@ -19,9 +19,6 @@ import (
 
 // Environment variables of private clusters.
 const (
-	// NoClusterEnv, set to 1, skips the tests that need a private cluster,
-	// loudly. Without it, a machine that cannot make one fails them.
-	NoClusterEnv = "PGONCE_FAULTS_NO_CLUSTER"
 	// ClusterVersionEnv selects the PostgreSQL major version of private
 	// clusters. Defaults to the newest installed.
 	ClusterVersionEnv = "PGONCE_FAULTS_PG_VERSION"
@@ -37,8 +34,7 @@ func FaketimeLibrary(tb testing.TB) string {
 	tb.Helper()
 	paths, _ := filepath.Glob("/usr/lib/*/faketime/libfaketime.so.1")
 	if len(paths) == 0 {
-		tb.Fatalf("faults: libfaketime not found under /usr/lib/*/faketime: install it (apt-get install faketime), "+
-			"or set %s=1 to skip the tests that need a private cluster", NoClusterEnv)
+		tb.Fatalf("faults: libfaketime not found under /usr/lib/*/faketime: install it (apt-get install faketime)")
 	}
 	return paths[0]
 }
@@ -57,23 +53,19 @@ type Cluster struct {
 // authentication on loopback. env, when not empty, is the postmaster's
 // environment (for example libfaketime's LD_PRELOAD and FAKETIME). The
 // cluster is dropped in tb's cleanup. Without pg_createcluster, or without
-// the rights to use it, tb fails and says how to provide them, unless
-// [NoClusterEnv] is 1.
+// the rights to use it, tb fails and says how to provide them: a test that
+// cannot run fails, it never skips.
 func NewCluster(tb testing.TB, env map[string]string) *Cluster {
 	tb.Helper()
-	if os.Getenv(NoClusterEnv) == "1" {
-		tb.Skipf("SKIPPED: %s=1: this fault test needs a private PostgreSQL cluster and was told not to make one", NoClusterEnv)
-	}
 	for _, tool := range []string{"pg_createcluster", "pg_ctlcluster", "pg_dropcluster"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			tb.Fatalf("faults: %s not found: this test makes a private PostgreSQL cluster with Debian's "+
-				"postgresql-common (apt-get install postgresql-common postgresql-15), as root; "+
-				"or set %s=1 to skip it", tool, NoClusterEnv)
+				"postgresql-common (apt-get install postgresql-common postgresql-15), as root", tool)
 		}
 	}
 	if os.Geteuid() != 0 {
 		tb.Fatalf("faults: private clusters are made with pg_createcluster as root (it runs PostgreSQL as "+
-			"the postgres user); run the fault suite as root, or set %s=1 to skip these tests", NoClusterEnv)
+			"the postgres user); run the fault suite as root")
 	}
 	version := os.Getenv(ClusterVersionEnv)
 	if version == "" {
