@@ -32,8 +32,10 @@ const (
 // client's dispatcher listens, waits do not listen and see a result by
 // re-reading alone, up to 2s after it is recorded.
 //
-// A read that fails transiently (a lost connection, a restarting server, too
-// many connections; see the README, "Waiting for a result") is retried with
+// Each read runs under [Config.StatementTimeout]. A read that fails
+// transiently (a lost connection, a half-open one that reached that
+// deadline, a restarting server, too many connections; see the README,
+// "Waiting for a result") is retried with
 // the same backoff: Wait keeps waiting through it. A definitive answer
 // returns at once: [ErrNotFound] for a key never submitted, [ErrExpired] for
 // a pruned one, [ErrInvalidKey] for a malformed key, and any other error that
@@ -43,7 +45,14 @@ const (
 // Result if it never read one) and an error wrapping ctx's error, which also
 // names the last transient error, if any.
 func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
-	res, err := c.Get(ctx, key)
+	// Each read has a deadline of its own: one stuck on a connection whose
+	// server vanished without a word would stall the wait for good.
+	read := func() (Result, error) {
+		readCtx, cancel := c.statementContext(ctx)
+		defer cancel()
+		return c.Get(readCtx, key)
+	}
+	res, err := read()
 	var lastErr error // the transient error of the last read, if it failed
 	switch {
 	case err == nil && !res.State.InProgress():
@@ -73,7 +82,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 		case <-timer.C:
 			poll = min(2*poll, waitPollMax)
 		}
-		next, err := c.Get(ctx, key)
+		next, err := read()
 		switch {
 		case err == nil:
 			res, lastErr = next, nil

@@ -144,6 +144,48 @@ func TestWaitSurvivesKilledConnections(t *testing.T) {
 	}
 }
 
+func TestWaitSurvivesAHalfOpenConnection(t *testing.T) {
+	t.Parallel()
+	schema := pgoncetest.Schema(t)
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{"refund_id":"re_1"}`)}, outbox.IdempotentByKey))
+	config := outbox.Config{Schema: schema, Registry: registry}
+	other, err := outbox.NewPgx(pgoncetest.Pool(t), config)
+	require.NoError(t, err)
+	res, err := other.Submit(t.Context(), refundCall("run-half-open"))
+	require.NoError(t, err)
+
+	// The waiting client's one idle connection goes half-open: its server
+	// vanished without closing it. Notifications are off, so the wait
+	// sees the result only by reading.
+	proxy, pool := pgoncetest.NewBlackHoleProxy(t, 4)
+	require.NoError(t, pool.Ping(t.Context()))
+	proxy.BlackHole()
+	config.NotifyDisabled = true
+	config.StatementTimeout = 300 * time.Millisecond
+	waiter, err := outbox.NewPgx(pool, config)
+	require.NoError(t, err)
+
+	type waited struct {
+		res outbox.Result
+		err error
+	}
+	result := make(chan waited, 1)
+	waitCtx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	go func() {
+		res, err := waiter.Wait(waitCtx, res.Key)
+		result <- waited{res, err}
+	}()
+
+	done, err := other.Do(t.Context(), refundCall("run-half-open"), nil)
+	require.NoError(t, err)
+	got := <-result
+	require.NoError(t, got.err)
+	require.Equal(t, outbox.StateSucceeded, got.res.State)
+	require.Equal(t, []byte(done.Response), []byte(got.res.Response))
+}
+
 func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 	t.Parallel()
 
