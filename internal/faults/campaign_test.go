@@ -223,7 +223,6 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	return b
 }
 
-
 // stopTimeout bounds how long a background task may take to stop.
 const stopTimeout = 20 * time.Second
 
