@@ -142,7 +142,9 @@ func (t stdTx) SubmitTx(ctx context.Context, call outbox.Call) (outbox.Result, e
 	return t.client.SubmitTx(ctx, t.tx, call)
 }
 
-// Commit and Rollback: a *sql.Tx runs them under the context it began with.
+// Commit and Rollback: a *sql.Tx runs them under the context it began with,
+// so the workload's bound on a rollback does not apply (a black hole could
+// hold one; the database/sql campaigns cut and kill, which end it).
 func (t stdTx) Commit(context.Context) error   { return t.tx.Commit() }
 func (t stdTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
