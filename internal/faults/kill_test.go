@@ -68,6 +68,8 @@ func TestKillBackend(t *testing.T) {
 			pid, err := faults.AwaitBlocked(t.Context(), b.direct, b.app, "OutboxClaimBatch")
 			require.NoError(t, err)
 			require.NoError(t, faults.TerminateBackend(t.Context(), b.direct, pid))
+			// Not to find the dying backend, still blocked, next time.
+			require.NoError(t, faults.AwaitGone(t.Context(), b.direct, pid))
 			tally.Fault("kill_backend_mid_claim")
 		}
 		require.NoError(t, lock.Commit(t.Context()))
