@@ -66,6 +66,27 @@ func TerminateBackend(ctx context.Context, pool *pgxpool.Pool, pid int) error {
 	return nil
 }
 
+// AwaitGone waits until the backend pid has left pg_stat_activity.
+// pg_terminate_backend only signals a backend: until it exits, it still
+// shows, blocked where it was, and a second look would find it again.
+func AwaitGone(ctx context.Context, pool *pgxpool.Pool, pid int) error {
+	for {
+		var there bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&there)
+		if err != nil {
+			return fmt.Errorf("await backend %d gone: %w", pid, err)
+		}
+		if !there {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("await backend %d gone: %w", pid, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // KillAnyBackend terminates one backend of applicationName, picked at
 // random, and returns what it was doing: the name of the pgonce statement it
 // ran ("OutboxClaimBatch", "KeyInsert", …), "idle", or another activity. It

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,8 +71,23 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
+// driver is the client library the workers use.
+type driver string
+
+// Drivers of the workers' client.
+const (
+	// driverPgx: outbox.NewPgx over a pgxpool, submits in pgx.Tx.
+	driverPgx driver = "pgx"
+	// driverStd: outbox.New over a database/sql pool (pgx's stdlib driver,
+	// database/sql managing the connections), submits in *sql.Tx.
+	driverStd driver = "std"
+)
+
 // bundleOpts tune [setup].
 type bundleOpts struct {
+	// driver is the workers' client library: their submits, dispatcher and
+	// reconciler. Empty: driverPgx.
+	driver driver
 	// databaseURL is where the workers connect (a proxy, a private
 	// cluster). Empty: the shared test database.
 	databaseURL string
@@ -97,11 +113,40 @@ type bundle struct {
 	direct  *pgxpool.Pool
 	workers *pgxpool.Pool
 	ledger  *faults.Ledger
-	client  *outbox.Client[pgx.Tx] // the workers'
+	client  *outbox.Client[pgx.Tx] // the workers' over pgx (also with driverStd)
 	checker *outbox.Client[pgx.Tx] // over the direct pool
 	history *faults.History
 	load    *faults.Workload
 	grace   time.Duration
+	// dispatch and reconcile run a new dispatcher and reconciler over the
+	// workers' client of the bundle's driver until ctx is done.
+	dispatch  func(ctx context.Context) error
+	reconcile func(ctx context.Context) error
+}
+
+// runners returns the dispatch and reconcile of a bundle over client.
+func runners[TTx any](t *testing.T, client *outbox.Client[TTx], grace time.Duration) (dispatch, reconcileFunc func(ctx context.Context) error) {
+	t.Helper()
+	dispatch = func(ctx context.Context) error {
+		d, err := dispatcher.New(client, dispatcherConfig())
+		if err != nil {
+			return err
+		}
+		return d.Run(ctx)
+	}
+	reconcileFunc = func(ctx context.Context) error {
+		r, err := reconcile.New(client, reconcile.Config{Grace: grace, PruneDisabled: true})
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx, 100*time.Millisecond)
+	}
+	// Fail at once on a bad configuration rather than in the background.
+	_, err := dispatcher.New(client, dispatcherConfig())
+	require.NoError(t, err)
+	_, err = reconcile.New(client, reconcile.Config{Grace: grace, PruneDisabled: true})
+	require.NoError(t, err)
+	return dispatch, reconcileFunc
 }
 
 func setup(t *testing.T, opts *bundleOpts) *bundle {
@@ -152,14 +197,30 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	history := faults.NewHistory()
 	var run [4]byte
 	_, _ = rand.Read(run[:])
-	return &bundle{
+	b := &bundle{
 		schema: schema, app: app, direct: direct, workers: workers, ledger: ledger,
 		client: client, checker: checker, history: history, grace: cmp.Or(opts.grace, grace),
 		load: &faults.Workload{
-			Client: client, Pool: workers, History: history,
+			Client: faults.PgxSubmitter(client, workers), History: history,
 			RunID: "faults-" + hex.EncodeToString(run[:]), RollbackEvery: 7,
 		},
 	}
+	switch cmp.Or(opts.driver, driverPgx) {
+	case driverPgx:
+		b.dispatch, b.reconcile = runners(t, client, b.grace)
+	case driverStd:
+		// Same application_name: the backend killer finds these too.
+		db, err := faults.NewDB(url, app)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		std, err := outbox.New(db, clientConfig(schema, registry))
+		require.NoError(t, err)
+		b.load.Client = faults.StdSubmitter(std, db)
+		b.dispatch, b.reconcile = runners(t, std, b.grace)
+	default:
+		t.Fatalf("unknown driver %q", opts.driver)
+	}
+	return b
 }
 
 // stopTimeout bounds how long a background task may take to stop.
@@ -191,20 +252,18 @@ func background(t *testing.T, name string, f func(ctx context.Context)) (stop fu
 	return stop
 }
 
-// runDispatcher runs a dispatcher over the workers' client until stop.
+// runDispatcher runs a dispatcher over the workers' client (of the
+// bundle's driver) until stop.
 func (b *bundle) runDispatcher(t *testing.T) (stop func()) {
 	t.Helper()
-	d, err := dispatcher.New(b.client, dispatcherConfig())
-	require.NoError(t, err)
-	return background(t, "Dispatcher.Run", func(ctx context.Context) { _ = d.Run(ctx) })
+	return background(t, "Dispatcher.Run", func(ctx context.Context) { _ = b.dispatch(ctx) })
 }
 
-// runReconciler runs a reconciler over the workers' client until stop.
+// runReconciler runs a reconciler over the workers' client (of the
+// bundle's driver) until stop.
 func (b *bundle) runReconciler(t *testing.T) (stop func()) {
 	t.Helper()
-	r, err := reconcile.New(b.client, reconcile.Config{Grace: b.grace, PruneDisabled: true})
-	require.NoError(t, err)
-	return background(t, "Reconciler.Run", func(ctx context.Context) { _ = r.Run(ctx, 100*time.Millisecond) })
+	return background(t, "Reconciler.Run", func(ctx context.Context) { _ = b.reconcile(ctx) })
 }
 
 // submit runs the workload until stop: workers goroutines, each pausing
@@ -241,6 +300,7 @@ func (b *bundle) check(t *testing.T, opts faults.CheckOpts) *faults.Report {
 	report, err := faults.Check(ctx, b.direct, b.schema, b.checker, b.history, opts)
 	require.NoError(t, err)
 	tally.Add(report)
+	tally.Asks(b.load.Asks())
 	t.Logf("history: %s", report.Summary())
 	require.NoError(t, report.Err())
 	require.Positive(t, report.Committed, "the campaign committed calls")
@@ -253,4 +313,50 @@ func hostPort(t *testing.T, databaseURL string) string {
 	u, err := url.Parse(databaseURL)
 	require.NoError(t, err)
 	return u.Host
+}
+
+// campaignClient is a way the workers use the library in a campaign
+// parameterised over it.
+type campaignClient struct {
+	name   string // the subtest's suffix
+	suffix string // of the campaign's fault kinds in the summary
+	driver driver
+	// doAsks, when positive, runs the calls inline with Do, each asked by
+	// up to doAsks concurrent callers, instead of submitting them.
+	doAsks int
+	mode   func(req outbox.Request) faults.Mode
+	// short, in the quick profile, runs the campaign for half as long.
+	short bool
+}
+
+// campaignClients are the pgx client submitting in pgx.Tx (the original
+// campaign), the database/sql client submitting in *sql.Tx, and callers
+// running calls inline with Client.Do, three duplicate asks at most, over
+// a provider failing one first attempt in ten transiently (so that Do
+// returns ErrProviderFailed and leaves the key to a dispatcher).
+func campaignClients() []campaignClient {
+	return []campaignClient{
+		{name: "", driver: driverPgx},
+		{name: "StdSQL", suffix: "_std", driver: driverStd, short: true},
+		{name: "Do", suffix: "_do", driver: driverPgx, doAsks: 3, short: true, mode: failTransientOneInTen},
+	}
+}
+
+// length is the campaign's length: quick or long, halved in the quick
+// profile for a short one.
+func (c campaignClient) length(quick, long time.Duration) time.Duration {
+	if c.short {
+		quick /= 2
+	}
+	return faults.Scale(quick, long)
+}
+
+// failTransientOneInTen fails the first attempt of one call in ten without
+// acting.
+func failTransientOneInTen(req outbox.Request) faults.Mode {
+	if req.Attempt == 1 && strings.HasSuffix(req.NaturalID, "3") {
+		tally.Fault("provider_fail_transient_do")
+		return faults.ModeFailTransient
+	}
+	return faults.ModeReturn
 }

@@ -93,6 +93,21 @@ func TestCheckerCatches(t *testing.T) {
 		require.Equal(t, 1, report.Phantom)
 	})
 
+	t.Run("AnswerDiffersFromStore", func(t *testing.T) {
+		t.Parallel()
+		b := healthy(t)
+		// A Do that told its caller one response while the store holds
+		// another.
+		for _, e := range b.history.Entries() {
+			if e.Fate == faults.FateCommitted {
+				b.history.Observe(e.Key, []byte(`{"effect":"another"}`))
+				break
+			}
+		}
+		report := check(t, b)
+		require.Equal(t, 1, report.Mismatched)
+	})
+
 	t.Run("Unfinished", func(t *testing.T) {
 		t.Parallel()
 		b := healthy(t)

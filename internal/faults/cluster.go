@@ -64,7 +64,7 @@ func NewCluster(tb testing.TB, env map[string]string) *Cluster {
 		}
 	}
 	if os.Geteuid() != 0 {
-		tb.Fatalf("faults: private clusters are made with pg_createcluster as root (it runs PostgreSQL as "+
+		tb.Fatalf("faults: private clusters are made with pg_createcluster as root (it runs PostgreSQL as " +
 			"the postgres user); run the fault suite as root")
 	}
 	version := os.Getenv(ClusterVersionEnv)

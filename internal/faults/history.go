@@ -43,6 +43,9 @@ type Entry struct {
 	// MayFail allows the call to end failed (a provider that failed it
 	// permanently, or gave up).
 	MayFail bool
+	// Observed are the responses callers were given as the call's success
+	// (by [outbox.Client.Do]), each of which must be the stored one.
+	Observed [][]byte
 }
 
 // History records every call a campaign submitted and what became of its
@@ -51,6 +54,12 @@ type History struct {
 	mu      sync.Mutex
 	entries map[outbox.Key]*Entry
 	order   []outbox.Key
+	pending []observation // observations of keys not yet added
+}
+
+type observation struct {
+	key      outbox.Key
+	response []byte
 }
 
 // NewHistory returns an empty history.
@@ -66,8 +75,18 @@ func (h *History) Add(call outbox.Call, key outbox.Key, fate Fate) {
 	defer h.mu.Unlock()
 	e, ok := h.entries[key]
 	if !ok {
-		h.entries[key] = &Entry{Call: call, Key: key, Fate: fate}
+		e = &Entry{Call: call, Key: key, Fate: fate}
+		h.entries[key] = e
 		h.order = append(h.order, key)
+		kept := h.pending[:0]
+		for _, o := range h.pending {
+			if o.key == key {
+				e.Observed = append(e.Observed, o.response)
+			} else {
+				kept = append(kept, o)
+			}
+		}
+		h.pending = kept
 		return
 	}
 	if fate == FateCommitted || (fate == FateUnknown && e.Fate == FateRolledBack) {
@@ -82,6 +101,18 @@ func (h *History) AllowFailure(key outbox.Key) {
 	if e, ok := h.entries[key]; ok {
 		e.MayFail = true
 	}
+}
+
+// Observe records that a caller was told key succeeded with response.
+func (h *History) Observe(key outbox.Key, response []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e, ok := h.entries[key]; ok {
+		e.Observed = append(e.Observed, response)
+		return
+	}
+	// Asked before its entry is added (DoOne adds it once all asks end).
+	h.pending = append(h.pending, observation{key: key, response: response})
 }
 
 // Entries returns the recorded entries in the order they were first added.
@@ -136,8 +167,9 @@ type Report struct {
 	// key in review or failed although its provider acted and answered.
 	Dropped int
 	// Mismatched counts succeeded keys whose stored or replayed response
-	// differs from what the provider answered, and observations that are
-	// not valid JSON in UTF-8.
+	// differs from what the provider answered, observations that are not
+	// valid JSON in UTF-8, and success answers a caller was given that the
+	// store does not hold byte for byte.
 	Mismatched int
 	// Unfinished counts committed calls not in a terminal state.
 	Unfinished int
@@ -278,6 +310,13 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbo
 		if n := len(f.effects); n > 1 {
 			r.Duplicates += n - 1
 			r.violate(new(int), "%s %s: %d effects (%s)", e.Call.Tool, key, n, row.state)
+		}
+		for _, got := range e.Observed {
+			if row.state != "succeeded" || !bytes.Equal(got, row.response) {
+				r.violate(&r.Mismatched, "%s %s: a caller was told it succeeded with %s, but the key is %s with %s",
+					e.Call.Tool, key, clip(got), row.state, clip(row.response))
+				break
+			}
 		}
 		switch row.state {
 		case "succeeded":

@@ -68,6 +68,8 @@ func TestKillBackend(t *testing.T) {
 			pid, err := faults.AwaitBlocked(t.Context(), b.direct, b.app, "OutboxClaimBatch")
 			require.NoError(t, err)
 			require.NoError(t, faults.TerminateBackend(t.Context(), b.direct, pid))
+			// Not to find the dying backend, still blocked, next time.
+			require.NoError(t, faults.AwaitGone(t.Context(), b.direct, pid))
 			tally.Fault("kill_backend_mid_claim")
 		}
 		require.NoError(t, lock.Commit(t.Context()))
@@ -118,27 +120,32 @@ func TestKillBackend(t *testing.T) {
 		b.finish(t, faults.CheckOpts{})
 	})
 
-	t.Run("AtRandomUnderLoad", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t, &bundleOpts{latency: 2 * time.Millisecond})
-		stopSubmit := b.submit(t, 2, 5*time.Millisecond)
-		stopDispatch := b.runDispatcher(t)
-		stopReconcile := b.runReconciler(t)
-		doing := map[string]int{}
-		deadline := time.Now().Add(faults.Scale(4*time.Second, 60*time.Second))
-		for time.Now().Before(deadline) {
-			time.Sleep(time.Duration(10+mathrand.IntN(60)) * time.Millisecond)
-			what, err := faults.KillAnyBackend(t.Context(), b.direct, b.app)
-			require.NoError(t, err)
-			if what != "" {
-				doing[what]++
-				tally.Fault("kill_backend")
+	// At random under load, through either driver, and with callers that
+	// run their calls inline with Do.
+	for _, tt := range campaignClients() {
+		t.Run("AtRandomUnderLoad"+tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &bundleOpts{driver: tt.driver, latency: 2 * time.Millisecond, mode: tt.mode})
+			b.load.DoAsks = tt.doAsks
+			stopSubmit := b.submit(t, 2, 5*time.Millisecond)
+			stopDispatch := b.runDispatcher(t)
+			stopReconcile := b.runReconciler(t)
+			doing := map[string]int{}
+			deadline := time.Now().Add(tt.length(4*time.Second, 60*time.Second))
+			for time.Now().Before(deadline) {
+				time.Sleep(time.Duration(10+mathrand.IntN(60)) * time.Millisecond)
+				what, err := faults.KillAnyBackend(t.Context(), b.direct, b.app)
+				require.NoError(t, err)
+				if what != "" {
+					doing[what]++
+					tally.Fault("kill_backend" + tt.suffix)
+				}
 			}
-		}
-		t.Logf("killed backends, by what they were doing: %v", doing)
-		stopSubmit()
-		stopDispatch()
-		stopReconcile()
-		b.finish(t, faults.CheckOpts{})
-	})
+			t.Logf("killed backends, by what they were doing: %v", doing)
+			stopSubmit()
+			stopDispatch()
+			stopReconcile()
+			b.finish(t, faults.CheckOpts{})
+		})
+	}
 }

@@ -14,12 +14,19 @@ import (
 // fault-injecting proxy.
 func proxied(t *testing.T) (*bundle, *faults.Proxy) {
 	t.Helper()
+	return proxiedClient(t, campaignClient{driver: driverPgx})
+}
+
+// proxiedClient is proxied with the workers using the library as c says.
+func proxiedClient(t *testing.T, c campaignClient) (*bundle, *faults.Proxy) {
+	t.Helper()
 	url := pgoncetest.DatabaseURL(t)
 	proxy, err := faults.NewProxy(hostPort(t, url))
 	require.NoError(t, err)
 	proxyURL, err := proxy.URL(url)
 	require.NoError(t, err)
-	b := setup(t, &bundleOpts{databaseURL: proxyURL, latency: 2 * time.Millisecond})
+	b := setup(t, &bundleOpts{databaseURL: proxyURL, latency: 2 * time.Millisecond, driver: c.driver, mode: c.mode})
+	b.load.DoAsks = c.doAsks
 	// Registered after the workers' pool, so run before its Close: ending
 	// every proxied connection frees whatever hangs on one.
 	t.Cleanup(func() { _ = proxy.Close() })
@@ -69,16 +76,24 @@ func TestProxy(t *testing.T) {
 		})
 	})
 
-	t.Run("Cut", func(t *testing.T) {
-		t.Parallel()
-		b, proxy := proxied(t)
-		underLoad(t, b, func() {
-			for range rounds {
-				tally.Faults("proxy_cut", proxy.Cut())
-				time.Sleep(300 * time.Millisecond)
+	// Cuts through either driver, and under callers running their calls
+	// inline with Do.
+	for _, tt := range campaignClients() {
+		t.Run("Cut"+tt.name, func(t *testing.T) {
+			t.Parallel()
+			b, proxy := proxiedClient(t, tt)
+			n := rounds
+			if tt.short {
+				n = faults.Scale(rounds/2, rounds)
 			}
+			underLoad(t, b, func() {
+				for range n {
+					tally.Faults("proxy_cut"+tt.suffix, proxy.Cut())
+					time.Sleep(300 * time.Millisecond)
+				}
+			})
 		})
-	})
+	}
 
 	t.Run("Reset", func(t *testing.T) {
 		t.Parallel()

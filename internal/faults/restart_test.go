@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -26,35 +27,46 @@ func awaitHealthy(t *testing.T, pool *pgxpool.Pool) {
 }
 
 // waiters runs Client.Wait on keys while faults happen: every wait must end
-// with the key's terminal result, never with a transient error.
+// with the key's terminal result, never with an error, while its context
+// (timeout long, defaulting to 2 minutes) is live.
 type waiters struct {
+	timeout time.Duration
+
 	wg   sync.WaitGroup
 	mu   sync.Mutex
+	n    int
 	errs []error
 }
 
 func (w *waiters) wait(client *outbox.Client[pgx.Tx], key outbox.Key) {
+	w.mu.Lock()
+	w.n++
+	w.mu.Unlock()
 	w.wg.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(w.timeout, 2*time.Minute))
 		defer cancel()
+		start := time.Now()
 		res, err := client.Wait(ctx, key)
 		if err == nil && res.State.InProgress() {
 			err = fmt.Errorf("wait returned %s", res.State)
 		}
 		if err != nil {
 			w.mu.Lock()
-			w.errs = append(w.errs, fmt.Errorf("wait %s: %w", key, err))
+			w.errs = append(w.errs, fmt.Errorf("wait %s (after %s): %w", key, time.Since(start).Round(time.Millisecond), err))
 			w.mu.Unlock()
 		}
 	})
 }
 
-func (w *waiters) require(t *testing.T) {
+// require waits for every wait, counts them in the tally and fails t on any
+// that did not return the terminal result.
+func (w *waiters) require(t *testing.T, msg string) {
 	t.Helper()
 	w.wg.Wait()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	require.Empty(t, w.errs, "Client.Wait must outlast a restart of the server")
+	tally.Waits(w.n, len(w.errs))
+	require.Empty(t, w.errs, msg)
 }
 
 // TestRestart restarts a private PostgreSQL cluster under load, with
@@ -94,7 +106,7 @@ func TestRestart(t *testing.T) {
 			stopReconcile()
 			awaitHealthy(t, b.direct)
 			b.finish(t, faults.CheckOpts{})
-			waits.require(t)
+			waits.require(t, "Client.Wait must outlast a restart of the server")
 		})
 	}
 }
