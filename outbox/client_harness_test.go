@@ -95,6 +95,16 @@ func stdHarness() driverHarness[*sql.Tx] {
 }
 
 // countingProvider counts its calls and answers with a fixed response.
+// refundConfig migrates a schema of t's own and returns a config for it
+// whose registry serves "refund" with a keyed provider answering {}.
+func refundConfig(t *testing.T) outbox.Config {
+	t.Helper()
+	schema := pgoncetest.Schema(t)
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
+	return outbox.Config{Schema: schema, Registry: registry}
+}
+
 type countingProvider struct {
 	calls    atomic.Int64
 	response json.RawMessage

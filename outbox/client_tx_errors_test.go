@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -32,10 +31,8 @@ func testSubmitTxTransactionErrors[TTx any](t *testing.T, h driverHarness[TTx]) 
 
 	setup := func(t *testing.T) (*outbox.Client[TTx], string) {
 		t.Helper()
-		schema := pgoncetest.Schema(t)
-		registry := outbox.NewRegistry()
-		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
-		return h.newClient(t, outbox.Config{Schema: schema, Registry: registry}), schema
+		config := refundConfig(t)
+		return h.newClient(t, config), config.Schema
 	}
 
 	// blocked starts a transaction that claims call and stays open, so that
@@ -123,9 +120,7 @@ func testSubmitTxTransactionErrors[TTx any](t *testing.T, h driverHarness[TTx]) 
 // 57014, which is the caller's deadline, not ErrTimeout.
 func TestSubmitTxCancelRequestIsCallerDeadline(t *testing.T) {
 	t.Parallel()
-	schema := pgoncetest.Schema(t)
-	registry := outbox.NewRegistry()
-	require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
+	clientConfig := refundConfig(t)
 	config, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
 	require.NoError(t, err)
 	config.ConnConfig.RuntimeParams["search_path"] = ""
@@ -135,7 +130,7 @@ func TestSubmitTxCancelRequestIsCallerDeadline(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(t.Context(), config)
 	require.NoError(t, err)
 	defer pool.Close()
-	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	client, err := outbox.NewPgx(pool, clientConfig)
 	require.NoError(t, err)
 
 	call := refundCall("run-cancel-request")

@@ -1,14 +1,12 @@
 package outbox_test
 
 import (
-	"encoding/json"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -17,10 +15,8 @@ func TestSubmitTxRefusesNilTransaction(t *testing.T) {
 
 	setup := func(t *testing.T) (outbox.Config, string) {
 		t.Helper()
-		schema := pgoncetest.Schema(t)
-		registry := outbox.NewRegistry()
-		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
-		return outbox.Config{Schema: schema, Registry: registry}, schema
+		config := refundConfig(t)
+		return config, config.Schema
 	}
 
 	t.Run("Pgx", func(t *testing.T) {
@@ -62,10 +58,8 @@ func testClientRefusesNULBeforeSQL[TTx any](t *testing.T, h driverHarness[TTx]) 
 
 	setup := func(t *testing.T) (*outbox.Client[TTx], string) {
 		t.Helper()
-		schema := pgoncetest.Schema(t)
-		registry := outbox.NewRegistry()
-		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
-		return h.newClient(t, outbox.Config{Schema: schema, Registry: registry}), schema
+		config := refundConfig(t)
+		return h.newClient(t, config), config.Schema
 	}
 
 	for _, tt := range []struct {

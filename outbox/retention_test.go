@@ -258,10 +258,8 @@ func TestResolve(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	t.Parallel()
-	schema := pgoncetest.Schema(t)
-	registry := outbox.NewRegistry()
-	require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
-	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+	config := refundConfig(t)
+	client, err := outbox.NewPgx(pgoncetest.Pool(t), config)
 	require.NoError(t, err)
 	_, err = client.Do(t.Context(), refundCall("done"), nil)
 	require.NoError(t, err)

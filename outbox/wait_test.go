@@ -203,10 +203,9 @@ func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 
 	t.Run("Expired", func(t *testing.T) {
 		t.Parallel()
-		schema := pgoncetest.Schema(t)
-		registry := outbox.NewRegistry()
-		require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
+		config := refundConfig(t)
+		schema := config.Schema
+		client, err := outbox.NewPgx(pgoncetest.Pool(t), config)
 		require.NoError(t, err)
 		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
 		require.NoError(t, err)
