@@ -479,10 +479,12 @@ func TestDispatcher(t *testing.T) {
 			keys[i] = submit(t, bundle.client, "refund", int64(i+2))
 		}
 		for _, key := range keys {
+			var last outbox.Result
 			require.Eventually(t, func() bool {
 				res, err := bundle.client.Get(t.Context(), key)
+				last = res
 				return err == nil && res.State == outbox.StateSucceeded
-			}, 20*time.Second, 10*time.Millisecond, "the dispatcher never claimed %s", key)
+			}, 20*time.Second, 10*time.Millisecond, "the dispatcher never claimed %s; last seen: %+v", key, &last)
 			calls, _ := bundle.ledger.count(key)
 			require.Equal(t, 1, calls)
 		}

@@ -58,6 +58,9 @@ func NewBlackHoleProxy(tb testing.TB, maxConns int32) (*BlackHoleProxy, *pgxpool
 	config.ConnConfig.Fallbacks = nil
 	config.ConnConfig.RuntimeParams["search_path"] = ""
 	config.MaxConns = maxConns
+	// A connection being opened when the hole opens would otherwise wait
+	// for its handshake forever, holding a pool slot.
+	config.ConnConfig.ConnectTimeout = 5 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, config)
