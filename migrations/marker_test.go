@@ -246,9 +246,11 @@ func TestEveryTableNameHasTheSchemaMarker(t *testing.T) {
 			{"LowerCaseKeywords", "create table anything (id int);", []string{"line 1: table anything"}},
 			{"Backfill", "INSERT INTO pgonce_x SELECT * FROM pgonce_y;", []string{"line 1: INTO pgonce_x", "line 1: FROM pgonce_y"}},
 			{"Update", "UPDATE pgonce_x SET a = 1;", []string{"line 1: UPDATE pgonce_x"}},
-			{"TriggerAndFunctionBody", "CREATE TRIGGER t AFTER INSERT ON pgonce_x FOR EACH ROW EXECUTE FUNCTION f();\n" +
-				"CREATE FUNCTION f() RETURNS trigger AS $$ BEGIN DELETE FROM pgonce_y; END $$ LANGUAGE plpgsql;",
-				[]string{"line 1: ON pgonce_x", "line 2: FROM pgonce_y"}},
+			{
+				"TriggerAndFunctionBody", "CREATE TRIGGER t AFTER INSERT ON pgonce_x FOR EACH ROW EXECUTE FUNCTION f();\n" +
+					"CREATE FUNCTION f() RETURNS trigger AS $$ BEGIN DELETE FROM pgonce_y; END $$ LANGUAGE plpgsql;",
+				[]string{"line 1: ON pgonce_x", "line 2: FROM pgonce_y"},
+			},
 			{"DanglingMarker", "CREATE TABLE " + schemaMarker + " (id int);", []string{"line 1: marker not followed by a name"}},
 			{"MarkedIsFine", "CREATE TABLE " + schemaMarker + "pgonce_x (id int REFERENCES " + schemaMarker + "pgonce_key (key) ON UPDATE CASCADE);\n" +
 				"CREATE INDEX pgonce_x_idx ON " + schemaMarker + "pgonce_x (id) WHERE extract(epoch FROM now()) > 0;\n" +
