@@ -176,15 +176,22 @@ func (e *env) migrateSQL(flags sqlFlags) error {
 		return err
 	}
 	if *flags.version != 0 {
-		var available []string
-		names = slices.DeleteFunc(names, func(name string) bool {
+		versions := make([]string, 0, len(names))
+		var selected []string
+		for _, name := range names {
 			version, err := goose.NumericComponent(name)
-			available = append(available, fmt.Sprint(version))
-			return err != nil || version != *flags.version
-		})
-		if len(names) == 0 {
-			return usageErrorf("sql: no migration has version %d (versions: %s)", *flags.version, strings.Join(available, ", "))
+			if err != nil {
+				return fmt.Errorf("migration %s: %w", name, err)
+			}
+			versions = append(versions, fmt.Sprint(version))
+			if version == *flags.version {
+				selected = append(selected, name)
+			}
 		}
+		if len(selected) == 0 {
+			return usageErrorf("sql: no migration has version %d (versions: %s)", *flags.version, strings.Join(versions, ", "))
+		}
+		names = selected
 	}
 	if *flags.down {
 		slices.Reverse(names)
