@@ -10,7 +10,7 @@
 -- key's unique index entries, so a late duplicate finds it and nothing runs
 -- again; the tombstone is deleted after its own horizon. One row per call,
 -- not a key row and a queue row, halves the rows a submit writes.
-CREATE TABLE pgonce_key (
+CREATE TABLE /* TEMPLATE: schema */pgonce_key (
     key text PRIMARY KEY,
     -- scope identifies the logical action (tenant + run + step, or tenant +
     -- business key). It is unique so that one step is one action: asking step
@@ -73,12 +73,12 @@ CREATE TABLE pgonce_key (
 -- Claiming reads the head of this index for each tool it serves, whatever
 -- the number of finished keys, and whatever waits for tools it does not
 -- serve.
-CREATE INDEX pgonce_key_due_idx ON pgonce_key (tool, available_at) WHERE state = 'open' AND lease_until IS NULL;
+CREATE INDEX pgonce_key_due_idx ON /* TEMPLATE: schema */pgonce_key (tool, available_at) WHERE state = 'open' AND lease_until IS NULL;
 -- The reconciler reads expired leases from this one.
-CREATE INDEX pgonce_key_lease_idx ON pgonce_key (lease_until) WHERE lease_until IS NOT NULL;
+CREATE INDEX pgonce_key_lease_idx ON /* TEMPLATE: schema */pgonce_key (lease_until) WHERE lease_until IS NOT NULL;
 -- Retention reads finished keys and tombstones past their horizon here.
-CREATE INDEX pgonce_key_expires_at_idx ON pgonce_key (expires_at) WHERE expires_at IS NOT NULL;
-CREATE INDEX pgonce_key_needs_review_idx ON pgonce_key (updated_at) WHERE state = 'needs_review';
+CREATE INDEX pgonce_key_expires_at_idx ON /* TEMPLATE: schema */pgonce_key (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX pgonce_key_needs_review_idx ON /* TEMPLATE: schema */pgonce_key (updated_at) WHERE state = 'needs_review';
 
 -- +goose Down
-DROP TABLE pgonce_key;
+DROP TABLE /* TEMPLATE: schema */pgonce_key;

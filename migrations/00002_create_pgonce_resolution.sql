@@ -3,9 +3,9 @@
 -- pgonce_resolution records every operator decision on a needs-review key:
 -- what was decided, by whom, why and when. It goes with its key when
 -- retention prunes the key.
-CREATE TABLE pgonce_resolution (
+CREATE TABLE /* TEMPLATE: schema */pgonce_resolution (
     id bigserial PRIMARY KEY,
-    key text NOT NULL REFERENCES pgonce_key (key) ON DELETE CASCADE,
+    key text NOT NULL REFERENCES /* TEMPLATE: schema */pgonce_key (key) ON DELETE CASCADE,
     action text NOT NULL,
     resolved_by text NOT NULL,
     reason text NOT NULL,
@@ -13,7 +13,7 @@ CREATE TABLE pgonce_resolution (
     CONSTRAINT pgonce_resolution_action_check CHECK (action IN ('succeeded', 'failed', 'retry'))
 );
 
-CREATE INDEX pgonce_resolution_key_idx ON pgonce_resolution (key, resolved_at);
+CREATE INDEX pgonce_resolution_key_idx ON /* TEMPLATE: schema */pgonce_resolution (key, resolved_at);
 
 -- +goose Down
-DROP TABLE pgonce_resolution;
+DROP TABLE /* TEMPLATE: schema */pgonce_resolution;

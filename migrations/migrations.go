@@ -8,14 +8,17 @@
 //	}
 //
 // pgx users pass stdlib.OpenDBFromPool(pool). For your own goose tooling,
-// [NewProvider] returns a goose provider over the same migrations, and [FS]
-// holds the raw files.
+// [NewProvider] returns a goose provider over the same migrations, [Files]
+// returns the files with a schema filled in, and [FS] holds them as written.
 //
 // # Schemas
 //
 // Every table lives in one schema (default "pgonce"); several schemas can
-// live side by side in one database. The schema name is validated as a plain
-// lower-case identifier and always quoted. The goose version table is
+// live side by side in one database. The files name each of pgonce's tables
+// behind the marker /* TEMPLATE: schema */, which [Files] replaces with the
+// quoted schema and a dot, so every statement names its schema and none
+// depends on the connection's search_path. The schema name is validated as a
+// plain lower-case identifier and always quoted. The goose version table is
 // pgonce_db_version inside that schema, so pgonce's history never mixes with
 // yours.
 package migrations
@@ -28,19 +31,19 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"path"
 	"strings"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/pgonce/pgonce/internal/ident"
 )
 
-// FS holds the goose SQL migration files. The files name their tables without
-// a schema; run through [NewProvider], [Up] or [Down] they are created in the
-// chosen schema. Applied with other tooling, they land in the first schema of
-// the connection's search_path.
+// FS holds the goose SQL migration files as written, each table name behind
+// the marker /* TEMPLATE: schema */. The marker is a comment, so applied as
+// they are the files create their tables in the first schema of the
+// connection's search_path; [Files] fills the schema in.
 //
 //go:embed *.sql
 var FS embed.FS
@@ -51,40 +54,69 @@ const SchemaDefault = "pgonce"
 // TableName is the goose version table kept in the pgonce schema.
 const TableName = "pgonce_db_version"
 
+// schemaMarker stands for "the schema and a dot" in front of every table
+// name in the files: the marker style of river's sqlc templates.
+const schemaMarker = "/* TEMPLATE: schema */"
+
 // ErrInvalidSchema is returned for a schema name that is not a plain
 // lower-case identifier. Nothing is changed in the database.
 var ErrInvalidSchema = ident.ErrInvalidSchema
 
-// NewProvider returns a goose provider that applies pgonce's migrations to
-// schema, creating the schema first if it does not exist. It sets the version
-// table to pgonce_db_version in that schema and disables goose's global
-// registry; opts may add options such as goose.WithSessionLocker or
-// goose.WithSlog.
-//
-// Each migration runs in a transaction whose search_path is the schema alone,
-// so the files never touch another schema. Never call Close on the provider
-// when db is yours: it closes db.
-func NewProvider(db *sql.DB, schema string, opts ...goose.ProviderOption) (*goose.Provider, error) {
+// Files returns pgonce's goose files with schema filled in: every
+// /* TEMPLATE: schema */ marker replaced by the quoted schema and a dot. The
+// files keep their names (00001_….sql, …) and goose annotations, so they can
+// be read by goose or copied into a goose directory.
+func Files(schema string) (fs.FS, error) {
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	migrations, err := goMigrations(schema)
+	names, err := fs.Glob(FS, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	prefix := ident.Quote(schema) + "."
+	files := make(filledFS, len(names))
+	for _, name := range names {
+		body, err := FS.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		files[name] = []byte(strings.ReplaceAll(string(body), schemaMarker, prefix))
+	}
+	return files, nil
+}
+
+// NewProvider returns a goose provider that applies pgonce's migrations,
+// read by goose from [Files], to schema. It keeps the version table
+// pgonce_db_version in that schema, creating the schema when goose creates
+// the version table, and disables goose's global registry; opts may add
+// options such as goose.WithSessionLocker or goose.WithSlog (but not
+// goose.WithTableName or goose.WithStore: the table is fixed).
+//
+// Never call Close on the provider when db is yours: it closes db.
+func NewProvider(db *sql.DB, schema string, opts ...goose.ProviderOption) (*goose.Provider, error) {
+	files, err := Files(schema)
+	if err != nil {
+		return nil, err
+	}
+	store, err := newVersionStore(schema)
 	if err != nil {
 		return nil, err
 	}
 	opts = append([]goose.ProviderOption{
-		goose.WithTableName(schema + "." + TableName),
+		goose.WithStore(&schemaCreatingStore{StoreExtender: store, schema: schema}),
 		goose.WithDisableGlobalRegistry(true),
-		goose.WithGoMigrations(migrations...),
 	}, opts...)
-	return goose.NewProvider(goose.DialectPostgres, db, nil, opts...)
+	// DialectCustom only because the store is passed in: it is goose's own
+	// PostgreSQL store, wrapped to create the schema first.
+	return goose.NewProvider(goose.DialectCustom, db, files, opts...)
 }
 
 // Up creates schema if needed and applies every pending migration to it. It
 // is safe to call at every start-up and from several processes at once: a
 // session advisory lock, per schema, lets one migrate while the others wait.
 func Up(ctx context.Context, db *sql.DB, schema string) error {
-	provider, err := lockedProvider(ctx, db, schema)
+	provider, err := lockedProvider(db, schema)
 	if err != nil {
 		return err
 	}
@@ -98,7 +130,7 @@ func Up(ctx context.Context, db *sql.DB, schema string) error {
 // schema and every key, response and tombstone with them. The schema itself
 // and the version table are left in place.
 func Down(ctx context.Context, db *sql.DB, schema string) error {
-	provider, err := lockedProvider(ctx, db, schema)
+	provider, err := lockedProvider(db, schema)
 	if err != nil {
 		return err
 	}
@@ -108,9 +140,11 @@ func Down(ctx context.Context, db *sql.DB, schema string) error {
 	return nil
 }
 
-// Status reports each migration and whether it is applied to schema.
+// Status reports each migration and whether it is applied to schema. Like
+// goose's own status, it creates the schema and the version table when they
+// are missing.
 func Status(ctx context.Context, db *sql.DB, schema string) ([]*goose.MigrationStatus, error) {
-	provider, err := lockedProvider(ctx, db, schema)
+	provider, err := lockedProvider(db, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -131,129 +165,98 @@ func ValidateSchema(name string) error { return ident.ValidateSchema(name) }
 // schema (0 when the schema or its version table does not exist) and the
 // newest version embedded in this build. current < latest means [Up] has
 // work to do.
+//
+// The applied version is read through goose's own version store
+// (database.Store for PostgreSQL, its TableExists and GetLatestVersion) over
+// the schema's pgonce_db_version; goose.Provider.GetDBVersion is not used
+// because it creates the version table when it is missing. The latest
+// version is the newest source goose finds in [Files].
 func Version(ctx context.Context, db *sql.DB, schema string) (current, latest int64, err error) {
-	if err := ident.ValidateSchema(schema); err != nil {
-		return 0, 0, err
-	}
-	entries, err := fs.Glob(FS, "*.sql")
+	provider, err := NewProvider(db, schema)
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, name := range entries {
-		version, err := goose.NumericComponent(name)
-		if err != nil {
-			return 0, 0, fmt.Errorf("migration %s: %w", name, err)
-		}
-		latest = max(latest, version)
+	for _, source := range provider.ListSources() {
+		latest = max(latest, source.Version)
 	}
-	table := ident.Quote(schema) + "." + TableName
-	var exists bool
-	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+	store, err := newVersionStore(schema)
+	if err != nil {
+		return 0, latest, err
+	}
+	exists, err := store.TableExists(ctx, db)
+	if err != nil {
 		return 0, latest, fmt.Errorf("read migration version: %w", err)
 	}
 	if !exists {
 		return 0, latest, nil
 	}
-	if err := db.QueryRowContext(ctx, "SELECT coalesce(max(version_id), 0) FROM "+table).Scan(&current); err != nil {
+	current, err = store.GetLatestVersion(ctx, db)
+	if errors.Is(err, database.ErrVersionNotFound) {
+		return 0, latest, nil
+	}
+	if err != nil {
 		return 0, latest, fmt.Errorf("read migration version: %w", err)
 	}
 	return current, latest, nil
 }
 
-func lockedProvider(ctx context.Context, db *sql.DB, schema string) (*goose.Provider, error) {
+// newVersionStore returns goose's PostgreSQL version store for schema's
+// pgonce_db_version. The name is not quoted: goose's TableExists splits it
+// at the dot and compares the parts with the catalog, and a validated
+// schema name reads the same quoted or not.
+func newVersionStore(schema string) (database.StoreExtender, error) {
+	store, err := database.NewStore(database.DialectPostgres, schema+"."+TableName)
+	if err != nil {
+		return nil, fmt.Errorf("migration version store: %w", err)
+	}
+	extender, ok := store.(database.StoreExtender)
+	if !ok {
+		return nil, errors.New("migration version store: goose's PostgreSQL store cannot tell whether its table exists")
+	}
+	return extender, nil
+}
+
+// schemaCreatingStore is goose's version store with one addition: the
+// schema is created, if missing, just before the version table, in the same
+// transaction and under a per-schema transaction lock, because two
+// concurrent CREATE SCHEMA IF NOT EXISTS of one name can both miss it and
+// collide.
+type schemaCreatingStore struct {
+	database.StoreExtender
+	schema string
+}
+
+// CreateVersionTable creates the schema, then the version table in it.
+func (s *schemaCreatingStore) CreateVersionTable(ctx context.Context, db database.DBTxConn) error {
+	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID(s.schema)); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident.Quote(s.schema)); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	return s.StoreExtender.CreateVersionTable(ctx, db)
+}
+
+// lockID is the advisory lock that serialises migrations of one schema:
+// migrating one schema never waits on another.
+func lockID(schema string) int64 {
+	hash := fnv.New64a()
+	_, _ = hash.Write([]byte("pgonce/migrations/" + schema))
+	return int64(hash.Sum64() >> 1) //nolint:gosec // shifted into int64 range
+}
+
+// lockedProvider is [NewProvider] under goose's session locker on the
+// schema's lock, so that concurrent calls for one schema run one at a time.
+func lockedProvider(db *sql.DB, schema string) (*goose.Provider, error) {
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	// One lock per schema: migrating one schema never waits on another.
-	hash := fnv.New64a()
-	_, _ = hash.Write([]byte("pgonce/migrations/" + schema))
-	lockID := int64(hash.Sum64() >> 1) //nolint:gosec // shifted into int64 range
-	if err := createSchema(ctx, db, schema, lockID); err != nil {
-		return nil, err
-	}
 	locker, err := lock.NewPostgresSessionLocker(
-		lock.WithLockID(lockID),
+		lock.WithLockID(lockID(schema)),
 		lock.WithLockTimeout(1, 300),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("migration lock: %w", err)
 	}
 	return NewProvider(db, schema, goose.WithSessionLocker(locker))
-}
-
-// createSchema creates schema under the migration lock: two concurrent
-// CREATE SCHEMA IF NOT EXISTS of one name can both miss it and collide.
-func createSchema(ctx context.Context, db *sql.DB, schema string, lockID int64) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("create schema: %w", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
-		return fmt.Errorf("create schema: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident.Quote(schema)); err != nil {
-		return fmt.Errorf("create schema: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("create schema: %w", err)
-	}
-	return nil
-}
-
-// goMigrations turns the embedded SQL files into goose Go migrations bound to
-// schema. goose's SQL runner cannot set a per-migration search_path, so each
-// section runs in one statement batch after SET LOCAL search_path.
-func goMigrations(schema string) ([]*goose.Migration, error) {
-	entries, err := fs.Glob(FS, "*.sql")
-	if err != nil {
-		return nil, err
-	}
-	migrations := make([]*goose.Migration, 0, len(entries))
-	for _, name := range entries {
-		version, err := goose.NumericComponent(name)
-		if err != nil {
-			return nil, fmt.Errorf("migration %s: %w", name, err)
-		}
-		body, err := FS.ReadFile(name)
-		if err != nil {
-			return nil, err
-		}
-		up, down, err := splitSections(string(body))
-		if err != nil {
-			return nil, fmt.Errorf("migration %s: %w", path.Base(name), err)
-		}
-		migrations = append(migrations, goose.NewGoMigration(version,
-			&goose.GoFunc{RunTx: runIn(schema, up)},
-			&goose.GoFunc{RunTx: runIn(schema, down)},
-		))
-	}
-	return migrations, nil
-}
-
-func runIn(schema, statements string) func(context.Context, *sql.Tx) error {
-	return func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, "SET LOCAL search_path TO "+ident.Quote(schema)); err != nil {
-			return err
-		}
-		// Without arguments the pgx driver sends the text with the simple
-		// protocol, which runs several statements in one round trip.
-		_, err := tx.ExecContext(ctx, statements)
-		return err
-	}
-}
-
-// splitSections returns the Up and Down sections of a goose SQL file. The
-// files use no NO TRANSACTION or ENVSUB annotations; StatementBegin/End
-// markers are comments to the simple protocol and may stay.
-func splitSections(body string) (up, down string, err error) {
-	const upMark, downMark = "-- +goose Up", "-- +goose Down"
-	upAt, downAt := strings.Index(body, upMark), strings.Index(body, downMark)
-	if upAt < 0 || downAt < upAt {
-		return "", "", errors.New("needs a -- +goose Up section followed by a -- +goose Down section")
-	}
-	if strings.Contains(body, "+goose NO TRANSACTION") || strings.Contains(body, "+goose ENVSUB") {
-		return "", "", errors.New("annotations other than Up, Down and StatementBegin/End are not supported")
-	}
-	return body[upAt+len(upMark) : downAt], body[downAt+len(downMark):], nil
 }

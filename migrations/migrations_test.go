@@ -3,6 +3,8 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"io/fs"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -86,7 +88,11 @@ func TestUp(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
 		db := pgoncetest.DB(t)
-		first, second := pgoncetest.Schema(t), pgoncetest.Schema(t)
+		// first goes down below, which the invariant check of
+		// pgoncetest.Schema's cleanup would not survive.
+		first, second := pgoncetest.NewSchemaName(t), pgoncetest.Schema(t)
+		t.Cleanup(func() { pgoncetest.DropSchema(t, first) })
+		require.NoError(t, migrations.Up(ctx, db, first))
 
 		_, err := db.ExecContext(ctx, `INSERT INTO "`+first+`".pgonce_key
 			(key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
@@ -98,6 +104,48 @@ func TestUp(t *testing.T) {
 		require.Equal(t, 1, count)
 		require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM "`+second+`".pgonce_key`).Scan(&count))
 		require.Equal(t, 0, count)
+
+		// Going down in one leaves the other whole.
+		require.NoError(t, migrations.Down(ctx, db, first))
+		require.Equal(t, []string{"pgonce_db_version"}, tablesIn(ctx, t, db, first))
+		require.Equal(t, allTables, tablesIn(ctx, t, db, second))
+		current, latest, err := migrations.Version(ctx, db, second)
+		require.NoError(t, err)
+		require.Equal(t, latest, current)
+	})
+
+	t.Run("NeedsNoSearchPath", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgoncetest.DB(t)
+		schema := pgoncetest.NewSchemaName(t)
+		t.Cleanup(func() { pgoncetest.DropSchema(t, schema) })
+
+		// The test connections have an empty search_path, so a table name
+		// the files forgot to mark fails to create.
+		var searchPath string
+		require.NoError(t, db.QueryRowContext(ctx, `SHOW search_path`).Scan(&searchPath))
+		require.Empty(t, searchPath)
+		require.NoError(t, migrations.Up(ctx, db, schema))
+		require.Equal(t, allTables, tablesIn(ctx, t, db, schema))
+	})
+
+	t.Run("NewProviderCreatesTheSchema", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgoncetest.DB(t)
+		schema := pgoncetest.NewSchemaName(t)
+		t.Cleanup(func() { pgoncetest.DropSchema(t, schema) })
+
+		provider, err := migrations.NewProvider(db, schema)
+		require.NoError(t, err)
+		results, err := provider.Up(ctx)
+		require.NoError(t, err)
+		require.Len(t, results, len(provider.ListSources()))
+		require.Equal(t, allTables, tablesIn(ctx, t, db, schema))
+		current, latest, err := migrations.Version(ctx, db, schema)
+		require.NoError(t, err)
+		require.Equal(t, latest, current)
 	})
 
 	t.Run("ConcurrentUpsOfOneSchema", func(t *testing.T) {
@@ -190,8 +238,82 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, latest, latest2)
 	require.Equal(t, latest, current)
 
+	t.Run("CreatesNothingInASchemaWithoutVersionTable", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgoncetest.DB(t)
+		schema := pgoncetest.NewSchemaName(t)
+		t.Cleanup(func() { pgoncetest.DropSchema(t, schema) })
+		_, err := db.ExecContext(ctx, `CREATE SCHEMA "`+schema+`"`)
+		require.NoError(t, err)
+
+		current, latest, err := migrations.Version(ctx, db, schema)
+		require.NoError(t, err)
+		require.Zero(t, current)
+		require.Positive(t, latest)
+		require.Empty(t, tablesIn(ctx, t, db, schema), "Version writes nothing")
+	})
+
+	t.Run("ZeroAfterDown", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := pgoncetest.DB(t)
+		schema := pgoncetest.NewSchemaName(t)
+		t.Cleanup(func() { pgoncetest.DropSchema(t, schema) })
+
+		require.NoError(t, migrations.Up(ctx, db, schema))
+		require.NoError(t, migrations.Down(ctx, db, schema))
+		current, _, err := migrations.Version(ctx, db, schema)
+		require.NoError(t, err)
+		require.Zero(t, current)
+	})
+
 	_, _, err = migrations.Version(ctx, db, `x"; DROP TABLE users; --`)
 	require.ErrorIs(t, err, migrations.ErrInvalidSchema)
 	require.ErrorIs(t, migrations.ValidateSchema("Bad"), migrations.ErrInvalidSchema)
 	require.NoError(t, migrations.ValidateSchema("pgonce"))
+}
+
+func TestFiles(t *testing.T) {
+	t.Parallel()
+
+	t.Run("FillsInTheQuotedSchema", func(t *testing.T) {
+		t.Parallel()
+		files, err := migrations.Files("tenant_a")
+		require.NoError(t, err)
+		names, err := fs.Glob(files, "*.sql")
+		require.NoError(t, err)
+		embedded, err := fs.Glob(migrations.FS, "*.sql")
+		require.NoError(t, err)
+		require.Equal(t, embedded, names)
+		for _, name := range names {
+			body, err := fs.ReadFile(files, name)
+			require.NoError(t, err)
+			raw, err := migrations.FS.ReadFile(name)
+			require.NoError(t, err)
+			require.NotContains(t, string(body), "TEMPLATE", name)
+			require.Equal(t, strings.Count(string(raw), schemaMarker), strings.Count(string(body), `"tenant_a".pgonce_`), name)
+			require.Contains(t, string(body), "-- +goose Up", name)
+			require.Contains(t, string(body), "-- +goose Down", name)
+		}
+		require.NoError(t, fstest.TestFS(files, embedded...))
+	})
+
+	t.Run("GooseReadsThem", func(t *testing.T) {
+		t.Parallel()
+		files, err := migrations.Files("tenant_a")
+		require.NoError(t, err)
+		provider, err := goose.NewProvider(goose.DialectPostgres, pgoncetest.DB(t), files,
+			goose.WithDisableGlobalRegistry(true))
+		require.NoError(t, err)
+		embedded, err := fs.Glob(migrations.FS, "*.sql")
+		require.NoError(t, err)
+		require.Len(t, provider.ListSources(), len(embedded))
+	})
+
+	t.Run("RefusesAnInvalidSchema", func(t *testing.T) {
+		t.Parallel()
+		_, err := migrations.Files(`x"; DROP TABLE users; --`)
+		require.ErrorIs(t, err, migrations.ErrInvalidSchema)
+	})
 }

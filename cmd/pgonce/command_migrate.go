@@ -4,6 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,19 +20,32 @@ import (
 func migrateCommand() *command {
 	return &command{
 		name:     "migrate",
-		synopsis: "migrate up|down|status [--json] [--yes]",
-		summary:  "apply, roll back or list the schema's migrations",
+		synopsis: "migrate up|down|status|sql [--json] [--yes] [--version N | --all] [--down] [--out DIR]",
+		summary:  "apply, roll back, list or print the schema's migrations",
 		help: `up      creates the schema if needed and applies every pending migration;
         safe to run at every deploy and from several processes at once.
 down    rolls every migration back: drops pgonce's tables and every key,
         response and tombstone in the schema. Requires --yes.
-status  lists the migrations and whether each is applied.`,
+status  lists the migrations and whether each is applied.
+sql     prints pgonce's goose files with --schema filled in, for a goose
+        directory of your own; needs no database. --version N prints one
+        file as it is, ready to save under a version number of your own
+        sequence; --all prints every file, or with --out DIR writes each
+        into DIR under its own name. --down prints only the Down sections,
+        newest first. Apply pgonce's migrations either this way or with
+        migrate up, never both to one schema.`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			asJSON := fs.Bool("json", false, "status: print JSON")
 			yes := fs.Bool("yes", false, "down: confirm dropping every key in the schema")
+			sql := sqlFlags{
+				version: fs.Int64("version", 0, "sql: print the migration of this version"),
+				all:     fs.Bool("all", false, "sql: print every migration"),
+				down:    fs.Bool("down", false, "sql: print the Down sections only, newest first"),
+				out:     fs.String("out", "", "sql: write the files into this directory instead of printing them"),
+			}
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 1 {
-					return usageErrorf("want one of up, down, status")
+					return usageErrorf("want one of up, down, status, sql")
 				}
 				switch args[0] {
 				case "up":
@@ -39,8 +57,10 @@ status  lists the migrations and whether each is applied.`,
 					return e.migrateDown(ctx)
 				case "status":
 					return e.migrateStatus(ctx, *asJSON)
+				case "sql":
+					return e.migrateSQL(sql)
 				}
-				return usageErrorf("unknown migrate action %q: want up, down or status", args[0])
+				return usageErrorf("unknown migrate action %q: want up, down, status or sql", args[0])
 			}
 		},
 	}
@@ -123,4 +143,114 @@ func (e *env) migrateStatus(ctx context.Context, asJSON bool) error {
 		fmt.Fprintf(tw, "%05d\t%s\t%s\t%s\n", row.Version, state, at, row.File)
 	}
 	return tw.Flush()
+}
+
+// sqlFlags are the flags of `migrate sql`.
+type sqlFlags struct {
+	version *int64
+	all     *bool
+	down    *bool
+	out     *string
+}
+
+// migrateSQL prints, or writes into a directory, pgonce's goose files with
+// the schema filled in, as migrations.Files makes them.
+func (e *env) migrateSQL(flags sqlFlags) error {
+	if err := validateSchema(e.schema); err != nil {
+		return err
+	}
+	switch {
+	case *flags.version != 0 && *flags.all:
+		return usageErrorf("sql: pass --version N or --all, not both")
+	case *flags.version == 0 && !*flags.all:
+		return usageErrorf("sql: pass --version N or --all")
+	case *flags.down && *flags.out != "":
+		return usageErrorf("sql: --down prints Down sections, which are no goose files; it does not combine with --out")
+	}
+	files, err := migrations.Files(e.schema)
+	if err != nil {
+		return err
+	}
+	names, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		return err
+	}
+	if *flags.version != 0 {
+		versions := make([]string, 0, len(names))
+		var selected []string
+		for _, name := range names {
+			version, err := goose.NumericComponent(name)
+			if err != nil {
+				return fmt.Errorf("migration %s: %w", name, err)
+			}
+			versions = append(versions, fmt.Sprint(version))
+			if version == *flags.version {
+				selected = append(selected, name)
+			}
+		}
+		if len(selected) == 0 {
+			return usageErrorf("sql: no migration has version %d (versions: %s)", *flags.version, strings.Join(versions, ", "))
+		}
+		names = selected
+	}
+	if *flags.down {
+		slices.Reverse(names)
+	}
+	for i, name := range names {
+		body, err := fs.ReadFile(files, name)
+		if err != nil {
+			return err
+		}
+		if *flags.down {
+			body = downSection(body)
+		}
+		switch {
+		case *flags.out != "":
+			if err := writeNewFile(filepath.Join(*flags.out, name), body); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "wrote %s\n", filepath.Join(*flags.out, name))
+		case len(names) == 1:
+			if _, err := e.stdout.Write(body); err != nil {
+				return err
+			}
+		default:
+			if i > 0 {
+				fmt.Fprintln(e.stdout)
+			}
+			fmt.Fprintf(e.stdout, "-- pgonce migration %s\n", name)
+			if _, err := e.stdout.Write(body); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// downSection returns the lines of a goose file after its
+// "-- +goose Down" annotation: what `migrate sql --down` prints for a person
+// to read or run by hand. Applying the files is left to goose, which parses
+// them itself.
+func downSection(body []byte) []byte {
+	lines := strings.SplitAfter(string(body), "\n")
+	for i, line := range lines {
+		if strings.TrimSpace(line) == "-- +goose Down" {
+			return []byte(strings.Join(lines[i:], ""))
+		}
+	}
+	return nil
+}
+
+// writeNewFile writes body to path, refusing to replace a file that exists:
+// a goose directory's files are history.
+func writeNewFile(path string, body []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644) //nolint:gosec // a migration file is meant to be read
+	if err != nil {
+		return usageErrorf("sql: %v", err)
+	}
+	if _, err := f.Write(body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
