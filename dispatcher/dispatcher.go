@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -207,22 +206,17 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 	if len(tools) == 0 {
 		return nil, nil
 	}
-	var rows []*dbpgx.OutboxClaimBatchRow
 	// A claim that hangs (a connection whose server vanished) would stop the
 	// dispatcher: its deadline drops the connection, and the next claim
 	// takes another.
 	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
 	claimedAt := time.Now()
-	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		rows, err = q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
-			Tools:   tools,
-			MaxRows: int32(limit), //nolint:gosec // bounded by BatchSize
-			LeaseMs: d.config.Lease.Milliseconds(),
-			Worker:  d.workerID,
-		})
-		return err
+	rows, err := d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
+		Tools:  tools,
+		Max:    limit,
+		Lease:  d.config.Lease,
+		Worker: d.workerID,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
@@ -236,7 +230,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 				NaturalID: row.NaturalID,
 				Tool:      row.Tool,
 				Args:      row.Args,
-				Attempt:   int(row.Attempt),
+				Attempt:   row.Attempt,
 			},
 			Ambiguous:        row.Ambiguous,
 			FirstAttemptedAt: row.FirstAttemptedAt,
@@ -366,16 +360,11 @@ func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
 }
 
 func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
-	var rows []*dbpgx.OutboxCountUnservedRow
 	countCtx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
-	err := d.store.Pgx(countCtx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		rows, err = q.OutboxCountUnserved(countCtx, db, &dbpgx.OutboxCountUnservedParams{
-			Tools: d.registry.Names(),
-			AgeMs: d.config.UnservedAfter.Milliseconds(),
-		})
-		return err
+	rows, err := d.store.CountUnserved(countCtx, &store.CountUnservedParams{
+		Tools: d.registry.Names(),
+		Age:   d.config.UnservedAfter,
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -385,6 +374,6 @@ func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
 	}
 	for _, row := range rows {
 		d.logger.WarnContext(ctx, "pgonce: pending rows of a tool no dispatcher here serves",
-			"tool", row.Tool, "waiting", row.Waiting, "oldest", row.Oldest)
+			"tool", row.Tool, "waiting", row.Count, "oldest", row.Oldest)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -431,24 +430,21 @@ func (c *Client[TTx]) recordUnrecordable(ctx context.Context, until time.Time, o
 // readBackRecorded marks as written the outcomes of outs that an earlier
 // try wrote although its reply was lost.
 func (c *Client[TTx]) readBackRecorded(ctx context.Context, until time.Time, outs []Outcome, written map[Key]bool) error {
-	params := &dbpgx.OutboxRecordedAttemptsParams{}
+	var attempts []store.AttemptRef
 	for _, o := range outs {
 		if !written[o.Key] {
-			params.Key = append(params.Key, string(o.Key))
-			params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+			attempts = append(attempts, store.AttemptRef{Key: string(o.Key), Attempt: o.Attempt})
 		}
 	}
-	if len(params.Key) == 0 {
+	if len(attempts) == 0 {
 		return nil
 	}
 	_, err := c.retryTransient(ctx, until, func(ctx context.Context) error {
-		return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-			keys, err := q.OutboxRecordedAttempts(ctx, db, params)
-			for _, key := range keys {
-				written[Key(key)] = true
-			}
-			return err
-		})
+		keys, err := c.store.RecordedAttempts(ctx, attempts)
+		for _, key := range keys {
+			written[Key(key)] = true
+		}
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("read back recorded outcomes: %w", err)
@@ -493,54 +489,54 @@ func (c *Client[TTx]) statementContext(ctx context.Context) (context.Context, co
 
 // finish writes final outcomes with OutboxFinish.
 func (c *Client[TTx]) finish(ctx context.Context, outs []Outcome, written map[Key]bool) error {
-	params := &dbpgx.OutboxFinishParams{Now: c.nowParam(), TombstoneMs: c.config.TombstoneRetention.Milliseconds()}
+	params := &store.FinishParams{Now: c.nowParam(), TombstoneRetention: c.config.TombstoneRetention}
 	if !c.config.NotifyDisabled {
 		params.Channel = c.store.DoneChannel
 	}
 	for _, o := range outs {
-		params.Key = append(params.Key, string(o.Key))
-		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-		params.State = append(params.State, o.Kind.dbState())
-		params.Response = append(params.Response, o.Response)
-		params.Failure = append(params.Failure, o.Failure)
-		params.RetentionMs = append(params.RetentionMs, o.Retention.Milliseconds())
-		params.LastError = append(params.LastError, errorText(o.Err))
+		params.Outcomes = append(params.Outcomes, store.Outcome{
+			Key:       string(o.Key),
+			Attempt:   o.Attempt,
+			State:     o.Kind.dbState(),
+			Response:  o.Response,
+			Failure:   o.Failure,
+			Retention: o.Retention,
+			LastError: errorText(o.Err),
+		})
 	}
-	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		rows, err := q.OutboxFinish(ctx, db, params)
-		if err != nil {
-			return fmt.Errorf("record outcomes: %w", err)
-		}
-		for _, row := range rows {
-			written[Key(row.Key)] = true
-		}
-		return nil
-	})
+	keys, err := c.store.Finish(ctx, params)
+	if err != nil {
+		return fmt.Errorf("record outcomes: %w", err)
+	}
+	for _, key := range keys {
+		written[Key(key)] = true
+	}
+	return nil
 }
 
 // release puts retryable attempts back to pending with OutboxRelease.
 func (c *Client[TTx]) release(ctx context.Context, outs []Outcome, written map[Key]bool) error {
-	params := &dbpgx.OutboxReleaseParams{Now: c.nowParam()}
+	params := &store.ReleaseParams{Now: c.nowParam()}
 	if !c.config.NotifyDisabled {
 		params.Channel = c.store.WorkChannel
 	}
 	for _, o := range outs {
-		params.Key = append(params.Key, string(o.Key))
-		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-		params.DelayMs = append(params.DelayMs, o.RetryDelay.Milliseconds())
-		params.Ambiguous = append(params.Ambiguous, o.Ambiguous)
-		params.LastError = append(params.LastError, errorText(o.Err))
+		params.Releases = append(params.Releases, store.Release{
+			Key:       string(o.Key),
+			Attempt:   o.Attempt,
+			Delay:     o.RetryDelay,
+			Ambiguous: o.Ambiguous,
+			LastError: errorText(o.Err),
+		})
 	}
-	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		rows, err := q.OutboxRelease(ctx, db, params)
-		if err != nil {
-			return fmt.Errorf("release attempts: %w", err)
-		}
-		for _, row := range rows {
-			written[Key(row.Key)] = true
-		}
-		return nil
-	})
+	keys, err := c.store.Release(ctx, params)
+	if err != nil {
+		return fmt.Errorf("release attempts: %w", err)
+	}
+	for _, key := range keys {
+		written[Key(key)] = true
+	}
+	return nil
 }
 
 // errorText is err's text, made safe to store (see [sanitizeText]).

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -129,7 +128,7 @@ func (c *Client[TTx]) Get(ctx context.Context, key Key) (Result, error) {
 }
 
 func (c *Client[TTx]) get(ctx context.Context, exec store.Executor, key Key) (Result, error) {
-	row, err := exec.KeyGet(ctx, &dbpgx.KeyGetParams{Key: string(key), Now: c.nowParam()})
+	row, err := exec.KeyGet(ctx, string(key), c.nowParam())
 	if errors.Is(err, store.ErrNoRows) {
 		return Result{}, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
@@ -159,8 +158,8 @@ func (c *Client[TTx]) prepare(call Call) (derivation, *Tool, error) {
 // claim writes the key's row, or reads the row that was there first. With
 // inFlight the new row is claimed at once under a lease, for Do. It reports
 // whether this request created the key.
-func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *dbpgx.KeyInsertRow, error) {
-	params := &dbpgx.KeyInsertParams{
+func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *store.InsertedKey, error) {
+	params := &store.NewKey{
 		Key:         string(d.Key),
 		Scope:       d.Scope,
 		Tenant:      call.Tenant,
@@ -178,8 +177,8 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 	}
 	var notifyWindow *notifyWindow
 	if inFlight {
-		params.LeaseMs = ptr(c.config.Lease.Milliseconds())
-		params.Worker = ptr(c.config.WorkerID)
+		params.Lease = c.config.Lease
+		params.Worker = c.config.WorkerID
 	} else if !c.config.NotifyDisabled {
 		if notifyWindow = c.takeNotifyWindow(); notifyWindow != nil || c.config.NotifyCooldown <= 0 {
 			params.Channel = c.store.WorkChannel
@@ -195,7 +194,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 				State:     StatePending,
 				Created:   true,
 				Tool:      call.Tool,
-				Attempts:  int(row.Attempt),
+				Attempts:  row.Attempt,
 				CreatedAt: row.CreatedAt,
 				UpdatedAt: row.CreatedAt,
 			}
@@ -212,7 +211,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("claim key: %w", err)
 		}
-		existing, err := exec.KeyGetByKeyOrScope(ctx, &dbpgx.KeyGetByKeyOrScopeParams{Key: string(d.Key), Scope: d.Scope, Now: c.nowParam()})
+		existing, err := exec.KeyGetByKeyOrScope(ctx, string(d.Key), d.Scope, c.nowParam())
 		if err == nil {
 			if existing.State == dbStateExpired {
 				// The action, or another one in its scope, already ran.
@@ -236,12 +235,12 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 	return Result{}, nil, fmt.Errorf("claim key %s: the conflicting row kept changing", d.Key)
 }
 
-func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
+func (c *Client[TTx]) resultFromRow(row *store.KeyRow, created bool) Result {
 	res := Result{
 		Key:       Key(row.Key),
 		Created:   created,
 		Tool:      row.Tool,
-		Attempts:  int(row.Attempt),
+		Attempts:  row.Attempt,
 		CreatedAt: row.CreatedAt,
 		UpdatedAt: row.UpdatedAt,
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -58,7 +57,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	}
 	switch {
 	case row != nil:
-		attempt.Request.Attempt = int(row.Attempt)
+		attempt.Request.Attempt = row.Attempt
 		attempt.FirstAttemptedAt = row.CreatedAt
 		attempt.ClaimedNow, attempt.ClaimedAt = row.Now, claimedAt
 	case res.State == StatePending:
@@ -71,11 +70,11 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		if err != nil {
 			return Result{}, err
 		}
-		attempt.Request.Attempt = int(claimed.Attempt)
+		attempt.Request.Attempt = claimed.Attempt
 		attempt.Ambiguous = claimed.Ambiguous
 		attempt.FirstAttemptedAt = claimed.FirstAttemptedAt
 		attempt.ClaimedNow, attempt.ClaimedAt = claimed.Now, claimedAt
-		res.State, res.Attempts = StateInFlight, int(claimed.Attempt)
+		res.State, res.Attempts = StateInFlight, claimed.Attempt
 	case res.State == StateInFlight:
 		return res, &InProgressError{Key: d.Key, RetryAfter: res.RetryAfter}
 	default:
@@ -109,19 +108,14 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	return recorded, nil
 }
 
-func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxClaimKeyRow, error) {
+func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*store.ClaimedKey, error) {
 	ctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	var row *dbpgx.OutboxClaimKeyRow
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		row, err = q.OutboxClaimKey(ctx, db, &dbpgx.OutboxClaimKeyParams{
-			Key:     string(key),
-			LeaseMs: c.config.Lease.Milliseconds(),
-			Worker:  c.config.WorkerID,
-			Now:     c.nowParam(),
-		})
-		return err
+	row, err := c.store.ClaimKey(ctx, &store.ClaimKeyParams{
+		Key:    string(key),
+		Lease:  c.config.Lease,
+		Worker: c.config.WorkerID,
+		Now:    c.nowParam(),
 	})
 	if err != nil && !errors.Is(err, store.ErrNoRows) {
 		return nil, fmt.Errorf("claim pending key: %w", err)

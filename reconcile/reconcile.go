@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -169,18 +168,17 @@ func (r *Report) count(tool string, outcome Outcome) {
 func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	report := newReport()
 	tools := r.registry.Names()
-	graceMs := r.config.Grace.Milliseconds()
 	for {
-		var rows []*dbpgx.OutboxReclaimExpiredRow
+		var rows []*store.ClaimedKey
 		claimedAt := time.Now()
-		err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
+		err := r.statement(ctx, func(ctx context.Context) error {
 			var err error
-			rows, err = q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
-				GraceMs: graceMs,
-				Tools:   tools,
-				MaxRows: int32(r.config.BatchSize), //nolint:gosec // bounded by validation
-				LeaseMs: r.client.Config().Lease.Milliseconds(),
-				Worker:  r.workerID,
+			rows, err = r.store.ReclaimExpired(ctx, &store.ReclaimExpiredParams{
+				Grace:  r.config.Grace,
+				Tools:  tools,
+				Max:    r.config.BatchSize,
+				Lease:  r.client.Config().Lease,
+				Worker: r.workerID,
 			})
 			return err
 		})
@@ -220,28 +218,26 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		}
 	}
 
-	err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
-		skipped, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{GraceMs: graceMs, Tools: tools})
+	err := r.statement(ctx, func(ctx context.Context) error {
+		skipped, err := r.store.CountExpired(ctx, &store.CountExpiredParams{Grace: r.config.Grace, Tools: tools})
 		if err != nil {
 			return fmt.Errorf("count skipped rows: %w", err)
 		}
 		for _, row := range skipped {
-			report.SkippedUnregistered[row.Tool] = int(row.Expired)
+			report.SkippedUnregistered[row.Tool] = int(row.Count)
 		}
 		return nil
 	})
 	if err != nil {
 		return report, err
 	}
-	err = r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
-		stale, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
-			AgeMs: r.config.StalePending.Milliseconds(),
-		})
+	err = r.statement(ctx, func(ctx context.Context) error {
+		stale, err := r.store.CountStalePending(ctx, r.config.StalePending, nil)
 		if err != nil {
 			return fmt.Errorf("count stale pending rows: %w", err)
 		}
-		report.StalePending = int(stale.Stale)
-		report.OldestStalePending = time.Duration(stale.OldestAgeMs) * time.Millisecond
+		report.StalePending = int(stale.Count)
+		report.OldestStalePending = stale.OldestAge
 		return nil
 	})
 	if err != nil {
@@ -264,19 +260,19 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 // [outbox.Config.StatementTimeout]: a statement that hangs (a connection
 // whose server vanished) is cancelled and its connection dropped, and the
 // next run takes another.
-func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, r.client.Config().StatementTimeout)
 	defer cancel()
-	return r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error { return f(ctx, q, db) })
+	return f(ctx)
 }
 
 // resolve decides one expired row without calling its provider.
 // claimedAt is the local clock just before the row was reclaimed.
-func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow, claimedAt time.Time) (outbox.Outcome, Outcome) {
+func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, claimedAt time.Time) (outbox.Outcome, Outcome) {
 	tool := r.registry.Lookup(row.Tool)
 	out := outbox.Outcome{
 		Key:       outbox.Key(row.Key),
-		Attempt:   int(row.Attempt),
+		Attempt:   row.Attempt,
 		Retention: cmp.Or(tool.Opts.Retention, r.client.Config().Retention),
 		Ambiguous: true,
 		Kind:      outbox.OutcomeRetry,
@@ -292,7 +288,7 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimE
 			NaturalID: row.NaturalID,
 			Tool:      row.Tool,
 			Args:      row.Args,
-			Attempt:   int(row.Attempt),
+			Attempt:   row.Attempt,
 		},
 		Ambiguous:        true,
 		FirstAttemptedAt: row.FirstAttemptedAt,
