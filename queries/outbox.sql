@@ -130,8 +130,6 @@ FROM updated;
 -- written, so a late writer whose lease was taken over changes nothing.
 -- Recording the outcome takes the key off the queue. Terminal outcomes
 -- start the retention of the key; needs_review keeps the key without one.
--- internal/store runs it with a custom plan: a generic plan cannot see the
--- array size and may join the outcomes to the table in quadratic time.
 WITH outcome AS (
     SELECT
         unnest(@key::text[]) AS key,

@@ -391,8 +391,6 @@ type OutboxFinishRow struct {
 // written, so a late writer whose lease was taken over changes nothing.
 // Recording the outcome takes the key off the queue. Terminal outcomes
 // start the retention of the key; needs_review keeps the key without one.
-// internal/store runs it with a custom plan: a generic plan cannot see the
-// array size and may join the outcomes to the table in quadratic time.
 // One notification carries up to 100 comma-separated keys, well within the
 // 8000-byte payload limit: a notification per key would make a batch pay
 // for each.

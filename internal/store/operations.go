@@ -250,7 +250,7 @@ type QueueStats struct {
 // lease, longest due first, skipping keys locked by others.
 func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*ClaimedKey, error) {
 	var claimed []*ClaimedKey
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
 			Now:     p.Now,
 			Tools:   p.Tools,
@@ -280,7 +280,7 @@ func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*Claimed
 // [ErrNoRows] when the key is not pending.
 func (s *Store) ClaimKey(ctx context.Context, p *ClaimKeyParams) (*ClaimedKey, error) {
 	var claimed *ClaimedKey
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.OutboxClaimKey(ctx, db, &dbpgx.OutboxClaimKeyParams{
 			Now:     p.Now,
 			LeaseMs: p.Lease.Milliseconds(),
@@ -307,7 +307,7 @@ func (s *Store) ClaimKey(ctx context.Context, p *ClaimKeyParams) (*ClaimedKey, e
 // more than Grace ago to Worker under a new attempt.
 func (s *Store) ReclaimExpired(ctx context.Context, p *ReclaimExpiredParams) ([]*ClaimedKey, error) {
 	var claimed []*ClaimedKey
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
 			Now:     p.Now,
 			GraceMs: p.Grace.Milliseconds(),
@@ -351,7 +351,7 @@ func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
 		params.LastError = append(params.LastError, o.LastError)
 	}
 	var keys []string
-	err := s.run(ctx, finishExecMode, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxFinish(ctx, db, params)
 		for _, row := range rows {
 			keys = append(keys, row.Key)
@@ -373,7 +373,7 @@ func (s *Store) Release(ctx context.Context, p *ReleaseParams) ([]string, error)
 		params.LastError = append(params.LastError, r.LastError)
 	}
 	var keys []string
-	err := s.run(ctx, releaseExecMode, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxRelease(ctx, db, params)
 		for _, row := range rows {
 			keys = append(keys, row.Key)
@@ -392,7 +392,7 @@ func (s *Store) RecordedAttempts(ctx context.Context, attempts []AttemptRef) ([]
 		params.Attempt = append(params.Attempt, int32(a.Attempt)) //nolint:gosec // attempts stay small
 	}
 	var keys []string
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		keys, err = q.OutboxRecordedAttempts(ctx, db, params)
 		return err
@@ -404,7 +404,7 @@ func (s *Store) RecordedAttempts(ctx context.Context, attempts []AttemptRef) ([]
 // were created more than Age ago; Oldest is the oldest one's creation.
 func (s *Store) CountUnserved(ctx context.Context, p *CountUnservedParams) ([]*ToolCount, error) {
 	var counts []*ToolCount
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxCountUnserved(ctx, db, &dbpgx.OutboxCountUnservedParams{
 			Tools: p.Tools,
 			Now:   p.Now,
@@ -422,7 +422,7 @@ func (s *Store) CountUnserved(ctx context.Context, p *CountUnservedParams) ([]*T
 // tools outside Tools.
 func (s *Store) CountExpired(ctx context.Context, p *CountExpiredParams) ([]*ToolCount, error) {
 	var counts []*ToolCount
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{
 			Now:     p.Now,
 			GraceMs: p.Grace.Milliseconds(),
@@ -439,7 +439,7 @@ func (s *Store) CountExpired(ctx context.Context, p *CountExpiredParams) ([]*Too
 // CountStalePending counts pending keys due for longer than age.
 func (s *Store) CountStalePending(ctx context.Context, age time.Duration, now *time.Time) (*StalePending, error) {
 	var stale *StalePending
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
 			Now:   now,
 			AgeMs: age.Milliseconds(),
@@ -457,7 +457,7 @@ func (s *Store) CountStalePending(ctx context.Context, age time.Duration, now *t
 // tombstones and returns how many it turned.
 func (s *Store) Expire(ctx context.Context, max int, now *time.Time) (int64, error) {
 	var expired int64
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		expired, err = q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
 			Now:     now,
@@ -472,7 +472,7 @@ func (s *Store) Expire(ctx context.Context, max int, now *time.Time) (int64, err
 // many it deleted.
 func (s *Store) Forget(ctx context.Context, max int, now *time.Time) (int64, error) {
 	var forgotten int64
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		forgotten, err = q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
 			Now:     now,
@@ -486,7 +486,7 @@ func (s *Store) Forget(ctx context.Context, max int, now *time.Time) (int64, err
 // CountExpirable counts the finished keys past their retention.
 func (s *Store) CountExpirable(ctx context.Context, now *time.Time) (int64, error) {
 	var count int64
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		count, err = q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: now})
 		return err
@@ -497,7 +497,7 @@ func (s *Store) CountExpirable(ctx context.Context, now *time.Time) (int64, erro
 // CountForgettable counts the tombstones past their horizon.
 func (s *Store) CountForgettable(ctx context.Context, now *time.Time) (int64, error) {
 	var count int64
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		count, err = q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: now})
 		return err
@@ -508,7 +508,7 @@ func (s *Store) CountForgettable(ctx context.Context, now *time.Time) (int64, er
 // Resolve applies an operator decision to a key in needs_review and records
 // it. It returns [ErrNoRows] when the key is in any other state.
 func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
-	return s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	return s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		_, err := q.KeyResolve(ctx, db, &dbpgx.KeyResolveParams{
 			Action:      p.Action,
 			Key:         p.Key,
@@ -528,7 +528,7 @@ func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
 // ResolutionsByKey returns the recorded decisions on key, oldest first.
 func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution, error) {
 	var resolutions []*Resolution
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.ResolutionListByKey(ctx, db, &dbpgx.ResolutionListByKeyParams{Key: key})
 		for _, row := range rows {
 			resolutions = append(resolutions, &Resolution{
@@ -544,7 +544,7 @@ func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution
 // returns [ErrNoRows] for an unknown key.
 func (s *Store) Args(ctx context.Context, key string) ([]byte, error) {
 	var args []byte
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
 		args, err = q.KeyGetArgs(ctx, db, &dbpgx.KeyGetArgsParams{Key: key})
 		return err
@@ -556,7 +556,7 @@ func (s *Store) Args(ctx context.Context, key string) ([]byte, error) {
 // key that is not open.
 func (s *Store) QueueEntry(ctx context.Context, key string) (*QueueEntry, error) {
 	var entry *QueueEntry
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.OutboxGet(ctx, db, &dbpgx.OutboxGetParams{Key: key})
 		if err != nil {
 			return err
@@ -579,7 +579,7 @@ func (s *Store) QueueEntry(ctx context.Context, key string) (*QueueEntry, error)
 // key table.
 func (s *Store) CountByToolAndState(ctx context.Context) ([]*StateCount, error) {
 	var counts []*StateCount
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.KeyCountByToolAndState(ctx, db)
 		for _, row := range rows {
 			counts = append(counts, &StateCount{Tool: row.Tool, State: row.State, Keys: row.Keys})
@@ -592,7 +592,7 @@ func (s *Store) CountByToolAndState(ctx context.Context) ([]*StateCount, error) 
 // QueueStats summarises the queue.
 func (s *Store) QueueStats(ctx context.Context, now *time.Time) (*QueueStats, error) {
 	var stats *QueueStats
-	err := s.run(ctx, execDefault, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.OutboxStats(ctx, db, &dbpgx.OutboxStatsParams{Now: now})
 		if err != nil {
 			return err
@@ -673,10 +673,3 @@ func insertedKey(row *dbpgx.KeyInsertRow) *InsertedKey {
 	}
 	return &InsertedKey{CreatedAt: row.CreatedAt, Attempt: int(row.Attempt), LeaseUntil: row.LeaseUntil, Now: row.Now}
 }
-
-// Execution modes of the batch statements: see finish_plan_test.go for the
-// measurement behind them.
-var (
-	finishExecMode  = execUnnamed
-	releaseExecMode = execUnnamed
-)

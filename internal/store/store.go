@@ -162,12 +162,11 @@ func (s *Store) ReserveListener() (release func(), maxConns int, ok bool) {
 func (s *Store) Executor() Executor { return s.executor }
 
 // run runs f, one operation's statement, with the generated pgx queries and
-// a handle from the pool whose statements run in the store's schema in
-// mode. Under database/sql the handle is one connection held for f; f runs
+// a handle from the pool whose statements run in the store's schema. Under database/sql the handle is one connection held for f; f runs
 // one statement and never takes another connection.
-func (s *Store) run(ctx context.Context, mode execMode, f func(q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+func (s *Store) run(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX) error) error {
 	err := s.pgxFunc(ctx, func(db dbpgx.DBTX) error {
-		return f(s.queries, pgxTemplated{db: db, tpl: s.template, mode: mode})
+		return f(s.queries, pgxTemplated{db: db, tpl: s.template})
 	})
 	return InterpretErrorContext(ctx, err)
 }
@@ -312,18 +311,6 @@ func InterpretErrorContext(ctx context.Context, err error) error {
 // statement text.
 const schemaMarker = "/* TEMPLATE: schema */"
 
-// execMode is how a statement is sent to PostgreSQL under pgx.
-type execMode int
-
-const (
-	// execDefault lets pgx prepare and cache the statement, so that
-	// PostgreSQL may settle on a generic plan after five executions.
-	execDefault execMode = iota
-	// execUnnamed sends the statement unnamed, planned with its actual
-	// arguments every time.
-	execUnnamed
-)
-
 // template fills the schema marker of statements in, once per statement
 // text.
 type template struct {
@@ -344,28 +331,20 @@ func (t *template) fill(query string) string {
 	return filled
 }
 
-// pgxTemplated runs statements in the store's schema, in an execution mode.
+// pgxTemplated runs statements in the store's schema.
 type pgxTemplated struct {
-	db   dbpgx.DBTX
-	tpl  *template
-	mode execMode
-}
-
-func (p pgxTemplated) args(args []any) []any {
-	if p.mode == execUnnamed {
-		return append([]any{pgx.QueryExecModeExec}, args...)
-	}
-	return args
+	db  dbpgx.DBTX
+	tpl *template
 }
 
 func (p pgxTemplated) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	return p.db.Exec(ctx, p.tpl.fill(query), p.args(args)...)
+	return p.db.Exec(ctx, p.tpl.fill(query), args...)
 }
 
 func (p pgxTemplated) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
-	return p.db.Query(ctx, p.tpl.fill(query), p.args(args)...)
+	return p.db.Query(ctx, p.tpl.fill(query), args...)
 }
 
 func (p pgxTemplated) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
-	return p.db.QueryRow(ctx, p.tpl.fill(query), p.args(args)...)
+	return p.db.QueryRow(ctx, p.tpl.fill(query), args...)
 }
