@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -19,10 +20,11 @@ import (
 // Client[*sql.Tx] and [NewPgx] a Client[pgx.Tx]; both share one
 // implementation. A Client is safe for concurrent use.
 type Client[TTx any] struct {
-	config  Config
-	driver  store.Driver[TTx]
-	store   *store.Store
-	waiters waiters
+	config   Config
+	driver   store.Driver[TTx]
+	store    *store.Store
+	attempts *attempt.Runner
+	waiters  waiters
 
 	// lastNotify is when a submit last notified, in Unix nanoseconds, for
 	// [Config.NotifyCooldown].
@@ -58,17 +60,13 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 	if err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{config: config, driver: driver, store: driver.Store()}, nil
+	c := &Client[TTx]{config: config, driver: driver, store: driver.Store()}
+	c.attempts = newRunner(c)
+	return c, nil
 }
 
 // Config returns the client's configuration, with defaults filled in.
 func (c *Client[TTx]) Config() Config { return c.config }
-
-// Store returns the client's storage seam, for the dispatcher and reconciler
-// packages.
-//
-// API is not stable. DO NOT USE.
-func (c *Client[TTx]) Store() *store.Store { return c.store }
 
 // SubmitTx claims call's key inside tx, the caller's own transaction, with
 // one single-row INSERT: the key's row is also its outbox entry. If tx rolls
@@ -332,6 +330,12 @@ func (c *Client[TTx]) now() time.Time {
 		return c.config.NowFunc()
 	}
 	return time.Now()
+}
+
+// statementContext bounds one statement pgonce runs on its own by
+// [Config.StatementTimeout].
+func (c *Client[TTx]) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.config.StatementTimeout)
 }
 
 // nowParam is the time passed to statements: nil lets the database's clock

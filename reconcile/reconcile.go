@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -64,6 +65,7 @@ type Config struct {
 // or an attempt ended ambiguously with nobody left to record it.
 type Reconciler[TTx any] struct {
 	client   *outbox.Client[TTx]
+	attempts *attempt.Runner
 	store    *store.Store
 	registry *outbox.Registry
 	config   Config
@@ -89,9 +91,11 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 	case config.StalePending < 0:
 		return nil, fmt.Errorf("%w: StalePending must not be negative", ErrInvalidConfig)
 	}
+	attempts := attempt.Of(client)
 	return &Reconciler[TTx]{
 		client:   client,
-		store:    client.Store(),
+		attempts: attempts,
+		store:    attempts.Store(),
 		registry: clientConfig.Registry,
 		config:   config,
 		logger:   config.Logger,
@@ -188,20 +192,20 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		if len(rows) == 0 {
 			break
 		}
-		outcomes := make([]outbox.Outcome, len(rows))
+		outcomes := make([]attempt.Outcome, len(rows))
 		labels := make([]Outcome, len(rows))
 		var resolving sync.WaitGroup
 		for i, row := range rows {
 			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row, claimedAt) })
 		}
 		resolving.Wait()
-		tools := make(map[outbox.Key]string, len(rows))
+		tools := make(map[string]string, len(rows))
 		for i, row := range rows {
 			report.Examined[row.Tool]++
 			report.count(row.Tool, labels[i])
 			tools[outcomes[i].Key] = row.Tool
 		}
-		written, err := r.client.Record(ctx, outcomes)
+		written, err := r.attempts.Record(ctx, outcomes)
 		if err != nil {
 			return report, err
 		}
@@ -268,23 +272,11 @@ func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Cont
 
 // resolve decides one expired row without calling its provider.
 // claimedAt is the local clock just before the row was reclaimed.
-func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, claimedAt time.Time) (outbox.Outcome, Outcome) {
-	tool := r.registry.Lookup(row.Tool)
-	out := outbox.Outcome{
-		Key:       outbox.Key(row.Key),
-		Attempt:   row.Attempt,
-		Retention: cmp.Or(tool.Opts.Retention, r.client.Config().Retention),
-		Ambiguous: true,
-		Kind:      outbox.OutcomeRetry,
-		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
-		// Recording is tried again after transient failures, but never past
-		// the reconciler's own lease.
-		LeaseDeadline: claimedAt.Add(r.client.Config().Lease),
-	}
-	attempt := outbox.Attempt{
-		Tool: tool,
-		Request: outbox.Request{
-			Key:       outbox.Key(row.Key),
+func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, claimedAt time.Time) (attempt.Outcome, Outcome) {
+	a := attempt.Attempt{
+		Tool: r.attempts.Tool(row.Tool),
+		Request: attempt.Request{
+			Key:       row.Key,
 			NaturalID: row.NaturalID,
 			Tool:      row.Tool,
 			Args:      row.Args,
@@ -294,21 +286,27 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 		FirstAttemptedAt: row.FirstAttemptedAt,
 		ClaimedNow:       row.Now,
 		ClaimedAt:        claimedAt,
+		// Recording is tried again after transient failures, but never past
+		// the reconciler's own lease.
+		Lease: r.client.Config().Lease,
 	}
-	switch how, resp, err := r.client.Settle(ctx, attempt, nil, 0); how {
-	case outbox.SettleReview:
-		out.Kind = outbox.OutcomeNeedsReview
+	out := r.attempts.NewOutcome(a)
+	out.Kind, out.Ambiguous = attempt.Retry, true
+	out.Err = errors.New("lease expired: the attempt's outcome is unknown")
+	switch how, resp, err := r.attempts.Settle(ctx, a); how {
+	case attempt.SettleReview:
+		out.Kind = attempt.NeedsReview
 		return out, OutcomeNeedsReview
-	case outbox.SettleFound:
-		out.Kind, out.Response, out.Ambiguous = outbox.OutcomeSucceeded, resp, false
+	case attempt.SettleFound:
+		out.Kind, out.Response, out.Ambiguous = attempt.Succeeded, resp, false
 		return out, OutcomeFound
-	case outbox.SettleLookupFailed:
+	case attempt.SettleLookupFailed:
 		out.Err = err
 		return out, OutcomeLookupFailed
-	case outbox.SettleNotFound:
+	case attempt.SettleNotFound:
 		out.Ambiguous = false
 		return out, OutcomeRequeued
-	default: // outbox.SettleByKey
+	default: // attempt.SettleByKey
 		return out, OutcomeRequeued
 	}
 }
