@@ -1,11 +1,10 @@
 // Package attempt runs claimed attempts of keys and records their outcomes:
-// the machinery that the inline path ([outbox.Client.Do]), the dispatcher
-// and the reconciler share. It works on its own small types (a [Tool] with
-// its call and lookup functions and delivery, a [Request], an error
-// classifier), which package outbox adapts from its registry, so that
-// nothing here is part of the public API.
-//
-// [outbox.Client.Do]: https://pkg.go.dev/github.com/pgonce/pgonce/outbox#Client.Do
+// the machinery that the inline path (outbox's Client.Do), the dispatcher
+// and the reconciler share. It cannot import package outbox, so it works on
+// its own small types (a [Tool] with its call and lookup functions and
+// delivery, a [Request], an error classifier), which outbox adapts from its
+// registry; none of it is part of the public API. The dispatcher and the
+// reconciler find a client's [Runner] with [Of].
 package attempt
 
 import (
