@@ -27,7 +27,9 @@ const (
 var ErrInvalidConfig = errors.New("invalid dispatcher config")
 
 // Config configures a [Dispatcher]. Its zero value works: every field has a
-// default.
+// default. The lease a claim holds and the deadline of each provider call
+// are the client's ([outbox.Config.Lease], [outbox.Config.CallTimeout]), as
+// for [outbox.Client.Do] and the reconciler.
 type Config struct {
 	// Concurrency is how many provider calls run at once, at most
 	// [ConcurrencyMax]. Defaults to [ConcurrencyDefault].
@@ -36,15 +38,6 @@ type Config struct {
 	// BatchSize is the most rows one claim takes. A claim never takes more
 	// rows than there are free call slots. Defaults to [BatchSizeDefault].
 	BatchSize int
-
-	// CallTimeout is the deadline of one provider call. Defaults to the
-	// client's [outbox.Config.CallTimeout].
-	CallTimeout time.Duration
-
-	// Lease is how long a claim holds its row, by the database's clock. It
-	// must exceed CallTimeout by at least [outbox.LeaseMarginMin], so that a
-	// live worker never outlives its lease. Defaults to CallTimeout + 30s.
-	Lease time.Duration
 
 	// PollInterval is how often the dispatcher looks for due rows when no
 	// notification wakes it: rows whose backoff elapsed, and work whose
@@ -88,8 +81,6 @@ type Config struct {
 func (c Config) withDefaults(client outbox.Config) Config {
 	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
-	c.CallTimeout = cmp.Or(c.CallTimeout, client.CallTimeout)
-	c.Lease = cmp.Or(c.Lease, c.CallTimeout+30*time.Second)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.BackoffMin = cmp.Or(c.BackoffMin, BackoffMinDefault)
@@ -106,11 +97,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Concurrency must be between 1 and %d", ErrInvalidConfig, ConcurrencyMax)
 	case c.BatchSize < 1 || c.BatchSize > 10_000:
 		return fmt.Errorf("%w: BatchSize must be between 1 and 10000", ErrInvalidConfig)
-	case c.CallTimeout <= 0:
-		return fmt.Errorf("%w: CallTimeout must be positive", ErrInvalidConfig)
-	case c.Lease < c.CallTimeout+outbox.LeaseMarginMin:
-		return fmt.Errorf("%w: Lease (%s) must exceed CallTimeout (%s) by at least %s",
-			ErrInvalidConfig, c.Lease, c.CallTimeout, outbox.LeaseMarginMin)
 	case c.PollInterval < time.Millisecond:
 		return fmt.Errorf("%w: PollInterval must be at least 1ms", ErrInvalidConfig)
 	case c.MaxAttempts < 1:

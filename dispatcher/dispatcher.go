@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -23,6 +23,7 @@ import (
 // committed before its provider is called.
 type Dispatcher[TTx any] struct {
 	client   *outbox.Client[TTx]
+	attempts *attempt.Runner
 	store    *store.Store
 	registry *outbox.Registry
 	config   Config
@@ -43,9 +44,11 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
+	attempts := attempt.Of(client)
 	return &Dispatcher[TTx]{
 		client:   client,
-		store:    client.Store(),
+		attempts: attempts,
+		store:    attempts.Store(),
 		registry: clientConfig.Registry,
 		config:   config,
 		logger:   config.Logger,
@@ -140,13 +143,13 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 				d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err, "retry_in", wait)
 			}
 			claimed = len(attempts)
-			for _, attempt := range attempts {
+			for _, a := range attempts {
 				slots <- struct{}{}
 				workers.Add(1)
 				go func() {
 					defer workers.Done()
 					defer func() { <-slots; signal() }()
-					out := d.client.RunAttempt(callCtx, attempt, nil, d.config.CallTimeout, d.backoff)
+					out := d.attempts.Run(callCtx, a, d.backoff)
 					if callCtx.Err() != nil {
 						// Cut off by the shutdown timeout: whether the
 						// provider acted is unknown, and the reconciler
@@ -202,48 +205,43 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	return nil
 }
 
-func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attempt, error) {
+func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attempt, error) {
 	tools := d.registry.Names()
 	if len(tools) == 0 {
 		return nil, nil
 	}
-	var rows []*dbpgx.OutboxClaimBatchRow
 	// A claim that hangs (a connection whose server vanished) would stop the
 	// dispatcher: its deadline drops the connection, and the next claim
 	// takes another.
 	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
 	claimedAt := time.Now()
-	err := d.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		rows, err = q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
-			Tools:   tools,
-			MaxRows: int32(limit), //nolint:gosec // bounded by BatchSize
-			LeaseMs: d.config.Lease.Milliseconds(),
-			Worker:  d.workerID,
-		})
-		return err
+	rows, err := d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
+		Tools:  tools,
+		Max:    limit,
+		Lease:  d.client.Config().Lease,
+		Worker: d.workerID,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
 	}
-	attempts := make([]outbox.Attempt, 0, len(rows))
+	attempts := make([]attempt.Attempt, 0, len(rows))
 	for _, row := range rows {
-		attempts = append(attempts, outbox.Attempt{
-			Tool: d.registry.Lookup(row.Tool),
-			Request: outbox.Request{
-				Key:       outbox.Key(row.Key),
+		attempts = append(attempts, attempt.Attempt{
+			Tool: d.attempts.Tool(row.Tool),
+			Request: attempt.Request{
+				Key:       row.Key,
 				NaturalID: row.NaturalID,
 				Tool:      row.Tool,
 				Args:      row.Args,
-				Attempt:   int(row.Attempt),
+				Attempt:   row.Attempt,
 			},
 			Ambiguous:        row.Ambiguous,
 			FirstAttemptedAt: row.FirstAttemptedAt,
 			ClaimedNow:       row.Now,
 			ClaimedAt:        claimedAt,
 			MaxAttempts:      d.config.MaxAttempts,
-			Lease:            d.config.Lease,
+			Lease:            d.client.Config().Lease,
 		})
 	}
 	return attempts, nil
@@ -252,7 +250,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]outbox.Attemp
 // pendingOutcome is an outcome on its way to be recorded; recorded is
 // closed once the attempt to record it ended.
 type pendingOutcome struct {
-	outcome  outbox.Outcome
+	outcome  attempt.Outcome
 	recorded chan struct{}
 }
 
@@ -261,7 +259,7 @@ type pendingOutcome struct {
 func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 	const maxBatch = 256
 	pending := make([]pendingOutcome, 0, maxBatch)
-	batch := make([]outbox.Outcome, 0, maxBatch)
+	batch := make([]attempt.Outcome, 0, maxBatch)
 	for first := range outcomes {
 		pending = append(pending[:0], first)
 	drain:
@@ -281,13 +279,13 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 			batch = append(batch, p.outcome)
 		}
 		// Record tries again after transient failures, within the leases.
-		if _, err := d.client.Record(context.Background(), batch); err != nil {
+		if _, err := d.attempts.Record(context.Background(), batch); err != nil {
 			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
 				"error", err, "outcomes", len(batch))
 		}
 		for _, p := range pending {
 			close(p.recorded)
-			if o := p.outcome; o.Kind == outbox.OutcomeRetry {
+			if o := p.outcome; o.Kind == attempt.Retry {
 				d.logger.Debug("pgonce: attempt failed, will retry", "key", o.Key, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
 			}
 		}
@@ -366,16 +364,11 @@ func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
 }
 
 func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
-	var rows []*dbpgx.OutboxCountUnservedRow
 	countCtx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
-	err := d.store.Pgx(countCtx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		rows, err = q.OutboxCountUnserved(countCtx, db, &dbpgx.OutboxCountUnservedParams{
-			Tools: d.registry.Names(),
-			AgeMs: d.config.UnservedAfter.Milliseconds(),
-		})
-		return err
+	rows, err := d.store.CountUnserved(countCtx, &store.CountUnservedParams{
+		Tools: d.registry.Names(),
+		Age:   d.config.UnservedAfter,
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -385,6 +378,6 @@ func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
 	}
 	for _, row := range rows {
 		d.logger.WarnContext(ctx, "pgonce: pending rows of a tool no dispatcher here serves",
-			"tool", row.Tool, "waiting", row.Waiting, "oldest", row.Oldest)
+			"tool", row.Tool, "waiting", row.Count, "oldest", row.Oldest)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -104,7 +105,6 @@ func fastConfig() dispatcher.Config {
 		PollInterval: 20 * time.Millisecond,
 		BackoffMin:   time.Millisecond,
 		BackoffMax:   5 * time.Millisecond,
-		CallTimeout:  5 * time.Second,
 	}
 }
 
@@ -821,7 +821,7 @@ func listenerPID(t *testing.T, client *outbox.Client[pgx.Tx]) int {
 	var pid int
 	err := pgoncetest.Pool(t).QueryRow(context.Background(), `
 		SELECT coalesce(max(pid), 0) FROM pg_stat_activity
-		WHERE query = 'LISTEN "`+client.Store().WorkChannel+`"'`).Scan(&pid)
+		WHERE query = 'LISTEN "`+ident.WorkChannel(client.Config().Schema)+`"'`).Scan(&pid)
 	require.NoError(t, err)
 	return pid
 }
@@ -835,7 +835,6 @@ func TestNewRefusesInvalidConfig(t *testing.T) {
 	}{
 		{"NegativeConcurrency", dispatcher.Config{Concurrency: -1}},
 		{"NegativeBatch", dispatcher.Config{BatchSize: -1}},
-		{"LeaseShorterThanCall", dispatcher.Config{CallTimeout: time.Minute, Lease: 30 * time.Second}},
 		{"BackoffMinAboveMax", dispatcher.Config{BackoffMin: time.Hour, BackoffMax: time.Minute}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

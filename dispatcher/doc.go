@@ -14,8 +14,9 @@
 // client's registry in one statement with FOR UPDATE SKIP LOCKED, marks them
 // in flight under a lease that ends by the database's clock, and commits
 // before any provider is called: no transaction is held across a network
-// call. Each provider call runs under [Config.CallTimeout], shorter than the
-// lease, so a live worker never outlives its claim. Each claim runs under the
+// call. The lease lasts the client's [outbox.Config.Lease], and each provider
+// call runs under its [outbox.Config.CallTimeout], shorter than the lease, so
+// a live worker never outlives its claim. Each claim runs under the
 // client's [outbox.Config.StatementTimeout]: a claim stuck on a connection
 // whose server vanished is cancelled, its connection dropped, and the next
 // claim takes another. Rows of tools this
@@ -35,8 +36,7 @@
 // Outcomes that finish together are recorded in one statement, each fenced
 // by its attempt, so a worker whose lease was taken over changes nothing. A
 // record statement that fails transiently is tried again on another
-// connection for up to [outbox.RecordTimeout], never past the lease (see
-// [outbox.Client.Record]).
+// connection for up to 10 seconds, never past the lease.
 //
 // # Wake-ups and shutdown
 //

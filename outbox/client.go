@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -20,10 +20,11 @@ import (
 // Client[*sql.Tx] and [NewPgx] a Client[pgx.Tx]; both share one
 // implementation. A Client is safe for concurrent use.
 type Client[TTx any] struct {
-	config  Config
-	driver  store.Driver[TTx]
-	store   *store.Store
-	waiters waiters
+	config   Config
+	driver   store.Driver[TTx]
+	store    *store.Store
+	attempts *attempt.Runner
+	waiters  waiters
 
 	// lastNotify is when a submit last notified, in Unix nanoseconds, for
 	// [Config.NotifyCooldown].
@@ -59,17 +60,13 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 	if err != nil {
 		return nil, err
 	}
-	return &Client[TTx]{config: config, driver: driver, store: driver.Store()}, nil
+	c := &Client[TTx]{config: config, driver: driver, store: driver.Store()}
+	c.attempts = newRunner(c)
+	return c, nil
 }
 
 // Config returns the client's configuration, with defaults filled in.
 func (c *Client[TTx]) Config() Config { return c.config }
-
-// Store returns the client's storage seam, for the dispatcher and reconciler
-// packages.
-//
-// API is not stable. DO NOT USE.
-func (c *Client[TTx]) Store() *store.Store { return c.store }
 
 // SubmitTx claims call's key inside tx, the caller's own transaction, with
 // one single-row INSERT: the key's row is also its outbox entry. If tx rolls
@@ -129,7 +126,7 @@ func (c *Client[TTx]) Get(ctx context.Context, key Key) (Result, error) {
 }
 
 func (c *Client[TTx]) get(ctx context.Context, exec store.Executor, key Key) (Result, error) {
-	row, err := exec.KeyGet(ctx, &dbpgx.KeyGetParams{Key: string(key), Now: c.nowParam()})
+	row, err := exec.KeyGet(ctx, string(key), c.nowParam())
 	if errors.Is(err, store.ErrNoRows) {
 		return Result{}, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
@@ -159,8 +156,8 @@ func (c *Client[TTx]) prepare(call Call) (derivation, *Tool, error) {
 // claim writes the key's row, or reads the row that was there first. With
 // inFlight the new row is claimed at once under a lease, for Do. It reports
 // whether this request created the key.
-func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *dbpgx.KeyInsertRow, error) {
-	params := &dbpgx.KeyInsertParams{
+func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *store.InsertedKey, error) {
+	params := &store.NewKey{
 		Key:         string(d.Key),
 		Scope:       d.Scope,
 		Tenant:      call.Tenant,
@@ -178,8 +175,8 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 	}
 	var notifyWindow *notifyWindow
 	if inFlight {
-		params.LeaseMs = ptr(c.config.Lease.Milliseconds())
-		params.Worker = ptr(c.config.WorkerID)
+		params.Lease = c.config.Lease
+		params.Worker = c.config.WorkerID
 	} else if !c.config.NotifyDisabled {
 		if notifyWindow = c.takeNotifyWindow(); notifyWindow != nil || c.config.NotifyCooldown <= 0 {
 			params.Channel = c.store.WorkChannel
@@ -195,7 +192,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 				State:     StatePending,
 				Created:   true,
 				Tool:      call.Tool,
-				Attempts:  int(row.Attempt),
+				Attempts:  row.Attempt,
 				CreatedAt: row.CreatedAt,
 				UpdatedAt: row.CreatedAt,
 			}
@@ -212,7 +209,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("claim key: %w", err)
 		}
-		existing, err := exec.KeyGetByKeyOrScope(ctx, &dbpgx.KeyGetByKeyOrScopeParams{Key: string(d.Key), Scope: d.Scope, Now: c.nowParam()})
+		existing, err := exec.KeyGetByKeyOrScope(ctx, string(d.Key), d.Scope, c.nowParam())
 		if err == nil {
 			if existing.State == dbStateExpired {
 				// The action, or another one in its scope, already ran.
@@ -236,12 +233,12 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 	return Result{}, nil, fmt.Errorf("claim key %s: the conflicting row kept changing", d.Key)
 }
 
-func (c *Client[TTx]) resultFromRow(row *dbpgx.KeyGetRow, created bool) Result {
+func (c *Client[TTx]) resultFromRow(row *store.KeyRow, created bool) Result {
 	res := Result{
 		Key:       Key(row.Key),
 		Created:   created,
 		Tool:      row.Tool,
-		Attempts:  int(row.Attempt),
+		Attempts:  row.Attempt,
 		CreatedAt: row.CreatedAt,
 		UpdatedAt: row.UpdatedAt,
 	}
@@ -333,6 +330,12 @@ func (c *Client[TTx]) now() time.Time {
 		return c.config.NowFunc()
 	}
 	return time.Now()
+}
+
+// statementContext bounds one statement pgonce runs on its own by
+// [Config.StatementTimeout].
+func (c *Client[TTx]) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.config.StatementTimeout)
 }
 
 // nowParam is the time passed to statements: nil lets the database's clock

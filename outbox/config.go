@@ -41,13 +41,16 @@ type Config struct {
 	// [ErrUnknownTool].
 	Registry *Registry
 
-	// CallTimeout is the deadline of one provider call made by [Client.Do].
+	// CallTimeout is the deadline of one provider call or lookup, made by
+	// [Client.Do], by dispatchers and by reconcilers over this client.
 	// Defaults to [CallTimeoutDefault].
 	CallTimeout time.Duration
 
-	// Lease is how long an attempt of [Client.Do] holds its key. It must
-	// exceed CallTimeout by at least [LeaseMarginMin], so that a live caller
-	// never outlives its claim. Defaults to CallTimeout + 30s.
+	// Lease is how long an attempt holds its key, by the database's clock:
+	// a claim of [Client.Do], of a dispatcher, or of a reconciler over this
+	// client. It must exceed CallTimeout by at least [LeaseMarginMin], so
+	// that a live worker never outlives its claim. Defaults to
+	// CallTimeout + 30s.
 	Lease time.Duration
 
 	// Retention is how long a finished key keeps its response before pruning
@@ -62,7 +65,7 @@ type Config struct {
 	// and each batch of [Client.Prune]. A statement past it is cancelled and
 	// its connection dropped (a connection whose server vanished without
 	// closing it would otherwise hang it forever); loops log the error and go
-	// on, and recording tries again (see [Client.Record]). Statements under
+	// on, and recording outcomes tries again within the lease. Statements under
 	// the caller's context alone ([Client.SubmitTx], [Client.Get], operator
 	// reads) have none. Defaults to [StatementTimeoutDefault], 5s.
 	StatementTimeout time.Duration

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -35,8 +35,9 @@ import (
 // [StateNeedsReview].
 //
 // The claim runs under [Config.StatementTimeout]; recording the outcome is
-// tried again after a transient failure, such as a killed connection, within
-// the lease (see [Client.Record]). If the process dies between the claim and
+// tried again after a transient failure, such as a killed connection, for up
+// to 10s and never past the lease; the attempt fences the write, so a retry
+// never writes twice. If the process dies between the claim and
 // the record, the key stays in flight until its lease expires and the
 // reconciler resolves it.
 func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {
@@ -51,16 +52,16 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	if err != nil {
 		return Result{}, err
 	}
-	attempt := Attempt{
-		Tool:    tool,
-		Request: Request{Key: d.Key, NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args},
+	a := attempt.Attempt{
+		Tool:    attemptTool(tool, p),
+		Request: attempt.Request{Key: string(d.Key), NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args},
 		Lease:   c.config.Lease,
 	}
 	switch {
 	case row != nil:
-		attempt.Request.Attempt = int(row.Attempt)
-		attempt.FirstAttemptedAt = row.CreatedAt
-		attempt.ClaimedNow, attempt.ClaimedAt = row.Now, claimedAt
+		a.Request.Attempt = row.Attempt
+		a.FirstAttemptedAt = row.CreatedAt
+		a.ClaimedNow, a.ClaimedAt = row.Now, claimedAt
 	case res.State == StatePending:
 		// A submitted key no dispatcher has taken yet: take it here.
 		claimedAt = time.Now()
@@ -71,26 +72,26 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		if err != nil {
 			return Result{}, err
 		}
-		attempt.Request.Attempt = int(claimed.Attempt)
-		attempt.Ambiguous = claimed.Ambiguous
-		attempt.FirstAttemptedAt = claimed.FirstAttemptedAt
-		attempt.ClaimedNow, attempt.ClaimedAt = claimed.Now, claimedAt
-		res.State, res.Attempts = StateInFlight, int(claimed.Attempt)
+		a.Request.Attempt = claimed.Attempt
+		a.Ambiguous = claimed.Ambiguous
+		a.FirstAttemptedAt = claimed.FirstAttemptedAt
+		a.ClaimedNow, a.ClaimedAt = claimed.Now, claimedAt
+		res.State, res.Attempts = StateInFlight, claimed.Attempt
 	case res.State == StateInFlight:
 		return res, &InProgressError{Key: d.Key, RetryAfter: res.RetryAfter}
 	default:
 		return res, nil
 	}
 
-	out := c.RunAttempt(ctx, attempt, p, 0, nil)
-	written, err := c.Record(ctx, []Outcome{out})
+	out := c.attempts.Run(ctx, a, nil)
+	written, err := c.attempts.Record(ctx, []attempt.Outcome{out})
 	if err != nil {
 		// The key stays in flight under its lease; the reconciler resolves it.
 		return res, err
 	}
 	readCtx, cancel := c.statementContext(context.WithoutCancel(ctx))
 	defer cancel()
-	if !written[d.Key] {
+	if !written[string(d.Key)] {
 		// Our lease was taken over while the provider ran: report what the
 		// store holds instead. (An outcome written by a try whose reply was
 		// lost counts as written; see Record.)
@@ -103,25 +104,20 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		return recorded, err
 	}
 	recorded.Created = res.Created
-	if out.Kind == OutcomeRetry {
+	if out.Kind == attempt.Retry {
 		return recorded, fmt.Errorf("%w: %w", ErrProviderFailed, out.Err)
 	}
 	return recorded, nil
 }
 
-func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*dbpgx.OutboxClaimKeyRow, error) {
+func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*store.ClaimedKey, error) {
 	ctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	var row *dbpgx.OutboxClaimKeyRow
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		row, err = q.OutboxClaimKey(ctx, db, &dbpgx.OutboxClaimKeyParams{
-			Key:     string(key),
-			LeaseMs: c.config.Lease.Milliseconds(),
-			Worker:  c.config.WorkerID,
-			Now:     c.nowParam(),
-		})
-		return err
+	row, err := c.store.ClaimKey(ctx, &store.ClaimKeyParams{
+		Key:    string(key),
+		Lease:  c.config.Lease,
+		Worker: c.config.WorkerID,
+		Now:    c.nowParam(),
 	})
 	if err != nil && !errors.Is(err, store.ErrNoRows) {
 		return nil, fmt.Errorf("claim pending key: %w", err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -53,9 +52,11 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 	if _, err := ParseKey(string(key)); err != nil {
 		return Inspection{}, err
 	}
+	// One statement at a time, each on a connection of its own: none holds
+	// a connection while another waits for one.
 	var inspection Inspection
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		row, err := q.KeyGet(ctx, db, &dbpgx.KeyGetParams{Key: string(key), Now: c.nowParam()})
+	err := func() error {
+		row, err := c.store.Executor().KeyGet(ctx, string(key), c.nowParam())
 		if err != nil {
 			return err
 		}
@@ -71,32 +72,24 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 		if row.ExpiresAt != nil {
 			inspection.ExpiresAt = *row.ExpiresAt
 		}
-		args, err := q.KeyGetArgs(ctx, db, &dbpgx.KeyGetArgsParams{Key: string(key)})
-		if err != nil {
+		if inspection.Args, err = c.store.Args(ctx, string(key)); err != nil {
 			return err
 		}
-		inspection.Args = args
-		queue, err := q.OutboxGet(ctx, db, &dbpgx.OutboxGetParams{Key: string(key)})
+		queue, err := c.store.QueueEntry(ctx, string(key))
 		switch {
 		case err == nil:
-			entry := &QueueEntry{AvailableAt: queue.AvailableAt, Ambiguous: queue.Ambiguous}
-			if queue.LeaseUntil != nil {
-				entry.LeaseUntil = *queue.LeaseUntil
+			inspection.Queue = &QueueEntry{
+				AvailableAt:      queue.AvailableAt,
+				LeaseUntil:       queue.LeaseUntil,
+				Worker:           queue.Worker,
+				FirstAttemptedAt: queue.FirstAttemptedAt,
+				Ambiguous:        queue.Ambiguous,
+				LastError:        queue.LastError,
 			}
-			if queue.Worker != nil {
-				entry.Worker = *queue.Worker
-			}
-			if queue.FirstAttemptedAt != nil {
-				entry.FirstAttemptedAt = *queue.FirstAttemptedAt
-			}
-			if queue.LastError != nil {
-				entry.LastError = *queue.LastError
-			}
-			inspection.Queue = entry
-		case !errors.Is(store.InterpretError(err), store.ErrNoRows):
+		case !errors.Is(err, store.ErrNoRows):
 			return err
 		}
-		resolutions, err := q.ResolutionListByKey(ctx, db, &dbpgx.ResolutionListByKeyParams{Key: string(key)})
+		resolutions, err := c.store.ResolutionsByKey(ctx, string(key))
 		if err != nil {
 			return err
 		}
@@ -106,7 +99,7 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 			})
 		}
 		return nil
-	})
+	}()
 	if errors.Is(err, store.ErrNoRows) {
 		res, getErr := c.Get(ctx, key)
 		return Inspection{Result: res}, getErr
@@ -140,31 +133,27 @@ type Stats struct {
 // whole key table: meant for operators and alerting, not for hot paths.
 func (c *Client[TTx]) Stats(ctx context.Context) (Stats, error) {
 	stats := Stats{Keys: map[string]map[State]int64{}}
-	err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		counts, err := q.KeyCountByToolAndState(ctx, db)
-		if err != nil {
-			return err
+	counts, err := c.store.CountByToolAndState(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	for _, row := range counts {
+		if stats.Keys[row.Tool] == nil {
+			stats.Keys[row.Tool] = map[State]int64{}
 		}
-		for _, row := range counts {
-			if stats.Keys[row.Tool] == nil {
-				stats.Keys[row.Tool] = map[State]int64{}
-			}
-			stats.Keys[row.Tool][State(row.State)] = row.Keys
-			switch State(row.State) {
-			case StateNeedsReview:
-				stats.NeedsReview += row.Keys
-			case StateExpired:
-				stats.Tombstones += row.Keys
-			}
+		stats.Keys[row.Tool][State(row.State)] = row.Keys
+		switch State(row.State) {
+		case StateNeedsReview:
+			stats.NeedsReview += row.Keys
+		case StateExpired:
+			stats.Tombstones += row.Keys
 		}
-		queue, err := q.OutboxStats(ctx, db, &dbpgx.OutboxStatsParams{Now: c.nowParam()})
-		if err != nil {
-			return err
-		}
+	}
+	queue, err := c.store.QueueStats(ctx, c.nowParam())
+	if err == nil {
 		stats.Pending, stats.InFlight, stats.ExpiredLeases = queue.Pending, queue.InFlight, queue.ExpiredLeases
-		stats.OldestPending = time.Duration(queue.OldestPendingMs) * time.Millisecond
-		return nil
-	})
+		stats.OldestPending = queue.OldestPending
+	}
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}

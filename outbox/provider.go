@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgonce/pgonce/internal/attempt"
 )
 
 // Provider performs a tool's side effect. It is called at most once per
@@ -234,7 +236,7 @@ func IsAmbiguous(err error) bool {
 }
 
 // failureBody is the JSON stored for a permanent failure: valid UTF-8, with
-// no NUL escaped into it, of bounded size (see [sanitizeText]).
+// no NUL escaped into it, of bounded size (see [attempt.SanitizeText]).
 func failureBody(err error) json.RawMessage {
 	var permanent *PermanentError
 	if errors.As(err, &permanent) {
@@ -242,6 +244,6 @@ func failureBody(err error) json.RawMessage {
 	}
 	body, _ := json.Marshal(struct {
 		Error string `json:"error"`
-	}{Error: sanitizeText(err.Error())})
+	}{Error: attempt.SanitizeText(err.Error())})
 	return body
 }

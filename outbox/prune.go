@@ -4,8 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
-
-	"github.com/pgonce/pgonce/internal/dbpgx"
+	"time"
 )
 
 // PruneBatchSizeDefault is how many rows one prune statement handles.
@@ -61,35 +60,20 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 	batch = min(batch, math.MaxInt32)
 	var result PruneResult
 	if opts.DryRun {
-		err := c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-			keys, err := q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: c.nowParam()})
-			if err != nil {
-				return fmt.Errorf("count expired keys: %w", err)
-			}
-			tombstones, err := q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: c.nowParam()})
-			if err != nil {
-				return fmt.Errorf("count expired tombstones: %w", err)
-			}
-			result = PruneResult{Keys: keys, Tombstones: tombstones}
-			return nil
-		})
-		return result, err
+		keys, err := c.store.CountExpirable(ctx, c.nowParam())
+		if err != nil {
+			return result, fmt.Errorf("count expired keys: %w", err)
+		}
+		tombstones, err := c.store.CountForgettable(ctx, c.nowParam())
+		if err != nil {
+			return result, fmt.Errorf("count expired tombstones: %w", err)
+		}
+		return PruneResult{Keys: keys, Tombstones: tombstones}, nil
 	}
 	for {
-		var expired int64
-		err := c.pruneStatement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
-			var err error
-			expired, err = q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
-				Now:     c.nowParam(),
-				MaxRows: int32(batch), //nolint:gosec // a batch size
-			})
-			if err != nil {
-				return fmt.Errorf("prune keys: %w", err)
-			}
-			return nil
-		})
+		expired, err := c.pruneBatch(ctx, batch, c.store.Expire)
 		if err != nil {
-			return result, err
+			return result, fmt.Errorf("prune keys: %w", err)
 		}
 		result.Keys += expired
 		if opts.ProgressFunc != nil && expired > 0 {
@@ -100,20 +84,9 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 		}
 	}
 	for {
-		var pruned int64
-		err := c.pruneStatement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
-			var err error
-			pruned, err = q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
-				Now:     c.nowParam(),
-				MaxRows: int32(batch), //nolint:gosec // a batch size
-			})
-			if err != nil {
-				return fmt.Errorf("prune tombstones: %w", err)
-			}
-			return nil
-		})
+		pruned, err := c.pruneBatch(ctx, batch, c.store.Forget)
 		if err != nil {
-			return result, err
+			return result, fmt.Errorf("prune tombstones: %w", err)
 		}
 		result.Tombstones += pruned
 		if opts.ProgressFunc != nil && pruned > 0 {
@@ -126,10 +99,10 @@ func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, 
 	return result, nil
 }
 
-// pruneStatement runs f, one batch's statement, on a pool connection under
+// pruneBatch runs op, one batch's statement, under
 // [Config.StatementTimeout].
-func (c *Client[TTx]) pruneStatement(ctx context.Context, f func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+func (c *Client[TTx]) pruneBatch(ctx context.Context, batch int, op func(context.Context, int, *time.Time) (int64, error)) (int64, error) {
 	ctx, cancel := c.statementContext(ctx)
 	defer cancel()
-	return c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error { return f(ctx, q, db) })
+	return op(ctx, batch, c.nowParam())
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -130,16 +129,16 @@ func (c *Client[TTx]) Resolve(ctx context.Context, key Key, resolution Resolutio
 	if err := resolution.validate(); err != nil {
 		return Result{}, err
 	}
-	params := &dbpgx.KeyResolveParams{
-		Key:         string(key),
-		Action:      string(resolution.Action),
-		Response:    resolution.Response,
-		Failure:     resolution.Failure,
-		Now:         c.nowParam(),
-		RetentionMs: c.config.Retention.Milliseconds(),
-		TombstoneMs: c.config.TombstoneRetention.Milliseconds(),
-		ResolvedBy:  resolution.By,
-		Reason:      resolution.Reason,
+	params := &store.ResolveParams{
+		Key:                string(key),
+		Action:             string(resolution.Action),
+		Response:           resolution.Response,
+		Failure:            resolution.Failure,
+		Now:                c.nowParam(),
+		Retention:          c.config.Retention,
+		TombstoneRetention: c.config.TombstoneRetention,
+		ResolvedBy:         resolution.By,
+		Reason:             resolution.Reason,
 	}
 	if !c.config.NotifyDisabled {
 		params.Channel = c.store.DoneChannel
@@ -147,20 +146,16 @@ func (c *Client[TTx]) Resolve(ctx context.Context, key Key, resolution Resolutio
 			params.Channel = c.store.WorkChannel
 		}
 	}
-	// The tool is read before, not inside, the statement's connection: a
-	// read inside it would need a second connection, which a pool of one
-	// never gives.
+	// The tool is read before the statement, on a connection of its own:
+	// no operation holds a connection while another waits for one.
 	tool, err := c.toolOf(ctx, key)
 	if err != nil {
 		return Result{}, fmt.Errorf("resolve key: %w", err)
 	}
 	if t := c.config.Registry.Lookup(tool); t != nil && t.Opts.Retention > 0 {
-		params.RetentionMs = t.Opts.Retention.Milliseconds()
+		params.Retention = t.Opts.Retention
 	}
-	err = c.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		_, err := q.KeyResolve(ctx, db, params)
-		return err
-	})
+	err = c.store.Resolve(ctx, params)
 	if err != nil && !errors.Is(err, store.ErrNoRows) {
 		return Result{}, fmt.Errorf("resolve key: %w", err)
 	}

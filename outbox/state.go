@@ -1,5 +1,7 @@
 package outbox
 
+import "github.com/pgonce/pgonce/internal/store"
+
 // State is where a key stands.
 type State string
 
@@ -34,12 +36,12 @@ func (s State) InProgress() bool {
 	return s == StatePending || s == StateInFlight
 }
 
-// Stored key states, as the pgonce_key.state column holds them. Pending and
-// in flight are both "open"; a lease tells them apart.
+// Stored key states, as the store reads them. Pending and in flight are
+// both "open"; a lease tells them apart.
 const (
-	dbStateOpen        = "open"
-	dbStateSucceeded   = "succeeded"
-	dbStateFailed      = "failed"
-	dbStateNeedsReview = "needs_review"
-	dbStateExpired     = "expired"
+	dbStateOpen        = store.StateOpen
+	dbStateSucceeded   = store.StateSucceeded
+	dbStateFailed      = store.StateFailed
+	dbStateNeedsReview = store.StateNeedsReview
+	dbStateExpired     = store.StateExpired
 )

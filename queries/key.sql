@@ -9,7 +9,7 @@
 -- statement's snapshot sees a row that another transaction committed while
 -- this insert waited on the unique index. With a lease the key is claimed in
 -- flight at once (the inline Do path).
-INSERT INTO pgonce_key (
+INSERT INTO /* TEMPLATE: schema */pgonce_key (
     key,
     scope,
     tenant,
@@ -83,7 +83,7 @@ SELECT
     pgonce_key.available_at,
     pgonce_key.lease_until,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::text
     OR pgonce_key.scope = @scope::text
 ORDER BY pgonce_key.key = @key::text DESC
@@ -115,7 +115,7 @@ SELECT
     pgonce_key.available_at,
     pgonce_key.lease_until,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::text;
 
 -- name: KeyExpire :one
@@ -130,7 +130,7 @@ WHERE pgonce_key.key = @key::text;
 -- locks short.
 WITH due AS (
     SELECT pgonce_key.key
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
         AND pgonce_key.state IN ('succeeded', 'failed')
     ORDER BY pgonce_key.expires_at
@@ -138,7 +138,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ),
 expired AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = 'expired',
         response = NULL,
@@ -159,7 +159,7 @@ FROM expired;
 -- can the same action run again.
 WITH due AS (
     SELECT pgonce_key.key
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
         AND pgonce_key.state = 'expired'
     ORDER BY pgonce_key.expires_at
@@ -167,7 +167,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ),
 deleted AS (
-    DELETE FROM pgonce_key
+    DELETE FROM /* TEMPLATE: schema */pgonce_key
     USING due
     WHERE pgonce_key.key = due.key
     RETURNING pgonce_key.key
@@ -177,13 +177,13 @@ FROM deleted;
 
 -- name: KeyCountExpirable :one
 SELECT count(*)::bigint AS expirable
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
     AND pgonce_key.state IN ('succeeded', 'failed');
 
 -- name: KeyCountForgettable :one
 SELECT count(*)::bigint AS forgettable
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
     AND pgonce_key.state = 'expired';
 
@@ -198,11 +198,11 @@ SELECT
         ELSE pgonce_key.state
     END)::text AS state,
     count(*)::bigint AS keys
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: KeyGetArgs :one
 SELECT pgonce_key.args
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::text;

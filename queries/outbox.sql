@@ -17,7 +17,7 @@ WITH due AS (
         SELECT
             pgonce_key.key,
             pgonce_key.available_at
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.tool = served.tool
             AND pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
@@ -30,7 +30,7 @@ WITH due AS (
     LIMIT @max_rows::integer
 ),
 claimed AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
@@ -67,7 +67,7 @@ ORDER BY claimed.key;
 -- OutboxClaimKey claims one pending key for the inline path. A concurrent
 -- claimer waits on the row lock, then finds the lease taken and gets no row.
 -- now is the database's clock at the claim, as in OutboxClaimBatch.
-UPDATE pgonce_key
+UPDATE /* TEMPLATE: schema */pgonce_key
 SET
     attempt = pgonce_key.attempt + 1,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
@@ -97,7 +97,7 @@ WITH released AS (
         unnest(@last_error::text[]) AS last_error
 ),
 updated AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         lease_until = NULL,
         worker = NULL,
@@ -130,8 +130,6 @@ FROM updated;
 -- written, so a late writer whose lease was taken over changes nothing.
 -- Recording the outcome takes the key off the queue. Terminal outcomes
 -- start the retention of the key; needs_review keeps the key without one.
--- internal/store runs it with a custom plan: a generic plan cannot see the
--- array size and may join the outcomes to the table in quadratic time.
 WITH outcome AS (
     SELECT
         unnest(@key::text[]) AS key,
@@ -143,7 +141,7 @@ WITH outcome AS (
         unnest(@last_error::text[]) AS last_error
 ),
 updated AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = outcome.state,
         response = outcome.response,
@@ -196,7 +194,7 @@ SELECT
     pgonce_key.tool,
     count(*)::bigint AS waiting,
     min(pgonce_key.created_at)::timestamptz AS oldest
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
     AND NOT (pgonce_key.tool = any(@tools::text[]))
@@ -213,7 +211,7 @@ ORDER BY pgonce_key.tool;
 -- never touched.
 WITH expired AS (
     SELECT pgonce_key.key
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.lease_until IS NOT NULL
         AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
         AND pgonce_key.tool = any(@tools::text[])
@@ -222,7 +220,7 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ),
 reclaimed AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
@@ -255,7 +253,7 @@ ORDER BY reclaimed.key;
 SELECT
     pgonce_key.tool,
     count(*)::bigint AS expired
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.lease_until IS NOT NULL
     AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
     AND NOT (pgonce_key.tool = any(@tools::text[]))
@@ -271,7 +269,7 @@ SELECT
         extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_key.available_at)) * 1000,
         0
     )::bigint AS oldest_age_ms
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
     AND pgonce_key.available_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('age_ms')::bigint * interval '1 millisecond';
@@ -286,7 +284,7 @@ SELECT
     pgonce_key.first_attempted_at,
     pgonce_key.ambiguous,
     pgonce_key.last_error
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::text
     AND pgonce_key.state = 'open';
 
@@ -298,24 +296,24 @@ WHERE pgonce_key.key = @key::text
 SELECT
     (
         SELECT count(*)
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
     )::bigint AS pending,
     (
         SELECT count(*)
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.lease_until IS NOT NULL
     )::bigint AS in_flight,
     (
         SELECT count(*)
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.lease_until IS NOT NULL
             AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now())
     )::bigint AS expired_leases,
     coalesce((
         SELECT extract(epoch FROM coalesce(sqlc.narg('now')::timestamptz, now()) - min(pgonce_key.available_at)) * 1000
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
             AND pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now())
@@ -334,7 +332,7 @@ WITH given AS (
         unnest(@attempt::integer[]) AS attempt
 )
 SELECT pgonce_key.key
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 JOIN given ON pgonce_key.key = given.key
     AND pgonce_key.attempt = given.attempt
 WHERE pgonce_key.lease_until IS NULL

@@ -49,8 +49,6 @@ func crashClientConfig(schema string, registry *outbox.Registry) outbox.Config {
 // the crash test.
 func crashDispatcherConfig() dispatcher.Config {
 	return dispatcher.Config{
-		CallTimeout:  crashCallTimeout,
-		Lease:        crashLease,
 		PollInterval: 50 * time.Millisecond,
 		BatchSize:    50,
 		Concurrency:  8,

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/dbpgx"
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -65,6 +65,7 @@ type Config struct {
 // or an attempt ended ambiguously with nobody left to record it.
 type Reconciler[TTx any] struct {
 	client   *outbox.Client[TTx]
+	attempts *attempt.Runner
 	store    *store.Store
 	registry *outbox.Registry
 	config   Config
@@ -90,9 +91,11 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 	case config.StalePending < 0:
 		return nil, fmt.Errorf("%w: StalePending must not be negative", ErrInvalidConfig)
 	}
+	attempts := attempt.Of(client)
 	return &Reconciler[TTx]{
 		client:   client,
-		store:    client.Store(),
+		attempts: attempts,
+		store:    attempts.Store(),
 		registry: clientConfig.Registry,
 		config:   config,
 		logger:   config.Logger,
@@ -169,18 +172,17 @@ func (r *Report) count(tool string, outcome Outcome) {
 func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	report := newReport()
 	tools := r.registry.Names()
-	graceMs := r.config.Grace.Milliseconds()
 	for {
-		var rows []*dbpgx.OutboxReclaimExpiredRow
+		var rows []*store.ClaimedKey
 		claimedAt := time.Now()
-		err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
+		err := r.statement(ctx, func(ctx context.Context) error {
 			var err error
-			rows, err = q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
-				GraceMs: graceMs,
-				Tools:   tools,
-				MaxRows: int32(r.config.BatchSize), //nolint:gosec // bounded by validation
-				LeaseMs: r.client.Config().Lease.Milliseconds(),
-				Worker:  r.workerID,
+			rows, err = r.store.ReclaimExpired(ctx, &store.ReclaimExpiredParams{
+				Grace:  r.config.Grace,
+				Tools:  tools,
+				Max:    r.config.BatchSize,
+				Lease:  r.client.Config().Lease,
+				Worker: r.workerID,
 			})
 			return err
 		})
@@ -190,20 +192,20 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		if len(rows) == 0 {
 			break
 		}
-		outcomes := make([]outbox.Outcome, len(rows))
+		outcomes := make([]attempt.Outcome, len(rows))
 		labels := make([]Outcome, len(rows))
 		var resolving sync.WaitGroup
 		for i, row := range rows {
 			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row, claimedAt) })
 		}
 		resolving.Wait()
-		tools := make(map[outbox.Key]string, len(rows))
+		tools := make(map[string]string, len(rows))
 		for i, row := range rows {
 			report.Examined[row.Tool]++
 			report.count(row.Tool, labels[i])
 			tools[outcomes[i].Key] = row.Tool
 		}
-		written, err := r.client.Record(ctx, outcomes)
+		written, err := r.attempts.Record(ctx, outcomes)
 		if err != nil {
 			return report, err
 		}
@@ -220,28 +222,26 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 		}
 	}
 
-	err := r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
-		skipped, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{GraceMs: graceMs, Tools: tools})
+	err := r.statement(ctx, func(ctx context.Context) error {
+		skipped, err := r.store.CountExpired(ctx, &store.CountExpiredParams{Grace: r.config.Grace, Tools: tools})
 		if err != nil {
 			return fmt.Errorf("count skipped rows: %w", err)
 		}
 		for _, row := range skipped {
-			report.SkippedUnregistered[row.Tool] = int(row.Expired)
+			report.SkippedUnregistered[row.Tool] = int(row.Count)
 		}
 		return nil
 	})
 	if err != nil {
 		return report, err
 	}
-	err = r.statement(ctx, func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error {
-		stale, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
-			AgeMs: r.config.StalePending.Milliseconds(),
-		})
+	err = r.statement(ctx, func(ctx context.Context) error {
+		stale, err := r.store.CountStalePending(ctx, r.config.StalePending, nil)
 		if err != nil {
 			return fmt.Errorf("count stale pending rows: %w", err)
 		}
-		report.StalePending = int(stale.Stale)
-		report.OldestStalePending = time.Duration(stale.OldestAgeMs) * time.Millisecond
+		report.StalePending = int(stale.Count)
+		report.OldestStalePending = stale.OldestAge
 		return nil
 	})
 	if err != nil {
@@ -264,55 +264,49 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 // [outbox.Config.StatementTimeout]: a statement that hangs (a connection
 // whose server vanished) is cancelled and its connection dropped, and the
 // next run takes another.
-func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context, q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, r.client.Config().StatementTimeout)
 	defer cancel()
-	return r.store.Pgx(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error { return f(ctx, q, db) })
+	return f(ctx)
 }
 
 // resolve decides one expired row without calling its provider.
 // claimedAt is the local clock just before the row was reclaimed.
-func (r *Reconciler[TTx]) resolve(ctx context.Context, row *dbpgx.OutboxReclaimExpiredRow, claimedAt time.Time) (outbox.Outcome, Outcome) {
-	tool := r.registry.Lookup(row.Tool)
-	out := outbox.Outcome{
-		Key:       outbox.Key(row.Key),
-		Attempt:   int(row.Attempt),
-		Retention: cmp.Or(tool.Opts.Retention, r.client.Config().Retention),
-		Ambiguous: true,
-		Kind:      outbox.OutcomeRetry,
-		Err:       errors.New("lease expired: the attempt's outcome is unknown"),
-		// Recording is tried again after transient failures, but never past
-		// the reconciler's own lease.
-		LeaseDeadline: claimedAt.Add(r.client.Config().Lease),
-	}
-	attempt := outbox.Attempt{
-		Tool: tool,
-		Request: outbox.Request{
-			Key:       outbox.Key(row.Key),
+func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, claimedAt time.Time) (attempt.Outcome, Outcome) {
+	a := attempt.Attempt{
+		Tool: r.attempts.Tool(row.Tool),
+		Request: attempt.Request{
+			Key:       row.Key,
 			NaturalID: row.NaturalID,
 			Tool:      row.Tool,
 			Args:      row.Args,
-			Attempt:   int(row.Attempt),
+			Attempt:   row.Attempt,
 		},
 		Ambiguous:        true,
 		FirstAttemptedAt: row.FirstAttemptedAt,
 		ClaimedNow:       row.Now,
 		ClaimedAt:        claimedAt,
+		// Recording is tried again after transient failures, but never past
+		// the reconciler's own lease.
+		Lease: r.client.Config().Lease,
 	}
-	switch how, resp, err := r.client.Settle(ctx, attempt, nil, 0); how {
-	case outbox.SettleReview:
-		out.Kind = outbox.OutcomeNeedsReview
+	out := r.attempts.NewOutcome(a)
+	out.Kind, out.Ambiguous = attempt.Retry, true
+	out.Err = errors.New("lease expired: the attempt's outcome is unknown")
+	switch how, resp, err := r.attempts.Settle(ctx, a); how {
+	case attempt.SettleReview:
+		out.Kind = attempt.NeedsReview
 		return out, OutcomeNeedsReview
-	case outbox.SettleFound:
-		out.Kind, out.Response, out.Ambiguous = outbox.OutcomeSucceeded, resp, false
+	case attempt.SettleFound:
+		out.Kind, out.Response, out.Ambiguous = attempt.Succeeded, resp, false
 		return out, OutcomeFound
-	case outbox.SettleLookupFailed:
+	case attempt.SettleLookupFailed:
 		out.Err = err
 		return out, OutcomeLookupFailed
-	case outbox.SettleNotFound:
+	case attempt.SettleNotFound:
 		out.Ambiguous = false
 		return out, OutcomeRequeued
-	default: // outbox.SettleByKey
+	default: // attempt.SettleByKey
 		return out, OutcomeRequeued
 	}
 }

@@ -249,8 +249,6 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	}
 	dispatcherConfig := dispatcher.Config{
 		Concurrency:     1,
-		CallTimeout:     demoCallTimeout,
-		Lease:           demoLease,
 		PollInterval:    20 * time.Millisecond,
 		ShutdownTimeout: demoStepTimeout,
 		Logger:          quiet,

@@ -19,7 +19,7 @@ WITH due AS (
         SELECT
             pgonce_key.key,
             pgonce_key.available_at
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.tool = served.tool
             AND pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
@@ -32,7 +32,7 @@ WITH due AS (
     LIMIT $3::integer
 ),
 claimed AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce($1::timestamptz, now()) + $4::bigint * interval '1 millisecond',
@@ -133,7 +133,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClai
 }
 
 const outboxClaimKey = `-- name: OutboxClaimKey :one
-UPDATE pgonce_key
+UPDATE /* TEMPLATE: schema */pgonce_key
 SET
     attempt = pgonce_key.attempt + 1,
     lease_until = coalesce($1::timestamptz, now()) + $2::bigint * interval '1 millisecond',
@@ -190,7 +190,7 @@ const outboxCountExpired = `-- name: OutboxCountExpired :many
 SELECT
     pgonce_key.tool,
     count(*)::bigint AS expired
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.lease_until IS NOT NULL
     AND pgonce_key.lease_until < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
     AND NOT (pgonce_key.tool = any($3::text[]))
@@ -238,7 +238,7 @@ SELECT
         extract(epoch FROM coalesce($1::timestamptz, now()) - min(pgonce_key.available_at)) * 1000,
         0
     )::bigint AS oldest_age_ms
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
     AND pgonce_key.available_at < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
@@ -268,7 +268,7 @@ SELECT
     pgonce_key.tool,
     count(*)::bigint AS waiting,
     min(pgonce_key.created_at)::timestamptz AS oldest
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
     AND NOT (pgonce_key.tool = any($1::text[]))
@@ -323,7 +323,7 @@ WITH outcome AS (
         unnest($7::text[]) AS last_error
 ),
 updated AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = outcome.state,
         response = outcome.response,
@@ -391,8 +391,6 @@ type OutboxFinishRow struct {
 // written, so a late writer whose lease was taken over changes nothing.
 // Recording the outcome takes the key off the queue. Terminal outcomes
 // start the retention of the key; needs_review keeps the key without one.
-// internal/store runs it with a custom plan: a generic plan cannot see the
-// array size and may join the outcomes to the table in quadratic time.
 // One notification carries up to 100 comma-separated keys, well within the
 // 8000-byte payload limit: a notification per key would make a batch pay
 // for each.
@@ -436,7 +434,7 @@ SELECT
     pgonce_key.first_attempted_at,
     pgonce_key.ambiguous,
     pgonce_key.last_error
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = $1::text
     AND pgonce_key.state = 'open'
 `
@@ -474,7 +472,7 @@ func (q *Queries) OutboxGet(ctx context.Context, db DBTX, arg *OutboxGetParams) 
 const outboxReclaimExpired = `-- name: OutboxReclaimExpired :many
 WITH expired AS (
     SELECT pgonce_key.key
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.lease_until IS NOT NULL
         AND pgonce_key.lease_until < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
         AND pgonce_key.tool = any($3::text[])
@@ -483,7 +481,7 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ),
 reclaimed AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 millisecond',
@@ -578,7 +576,7 @@ WITH given AS (
         unnest($2::integer[]) AS attempt
 )
 SELECT pgonce_key.key
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 JOIN given ON pgonce_key.key = given.key
     AND pgonce_key.attempt = given.attempt
 WHERE pgonce_key.lease_until IS NULL
@@ -626,7 +624,7 @@ WITH released AS (
         unnest($5::text[]) AS last_error
 ),
 updated AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         lease_until = NULL,
         worker = NULL,
@@ -704,24 +702,24 @@ const outboxStats = `-- name: OutboxStats :one
 SELECT
     (
         SELECT count(*)
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
     )::bigint AS pending,
     (
         SELECT count(*)
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.lease_until IS NOT NULL
     )::bigint AS in_flight,
     (
         SELECT count(*)
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.lease_until IS NOT NULL
             AND pgonce_key.lease_until < coalesce($1::timestamptz, now())
     )::bigint AS expired_leases,
     coalesce((
         SELECT extract(epoch FROM coalesce($1::timestamptz, now()) - min(pgonce_key.available_at)) * 1000
-        FROM pgonce_key
+        FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.state = 'open'
             AND pgonce_key.lease_until IS NULL
             AND pgonce_key.available_at <= coalesce($1::timestamptz, now())

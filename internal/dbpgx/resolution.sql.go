@@ -16,13 +16,13 @@ WITH target AS (
         pgonce_key.key,
         pgonce_key.tool,
         pgonce_key.attempt
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.key = $2::text
         AND pgonce_key.state = 'needs_review'
     FOR UPDATE
 ),
 updated AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = CASE WHEN $1::text = 'retry' THEN 'open' ELSE $1::text END,
         response = $3::bytea,
@@ -51,7 +51,7 @@ updated AS (
         pgonce_key.attempt
 ),
 recorded AS (
-    INSERT INTO pgonce_resolution (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
         key,
         action,
         resolved_by,
@@ -134,7 +134,7 @@ SELECT
     pgonce_resolution.resolved_by,
     pgonce_resolution.reason,
     pgonce_resolution.resolved_at
-FROM pgonce_resolution
+FROM /* TEMPLATE: schema */pgonce_resolution
 WHERE pgonce_resolution.key = $1::text
 ORDER BY pgonce_resolution.resolved_at, pgonce_resolution.id
 `

@@ -19,7 +19,7 @@ SELECT
         ELSE pgonce_key.state
     END)::text AS state,
     count(*)::bigint AS keys
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 GROUP BY 1, 2
 ORDER BY 1, 2
 `
@@ -57,7 +57,7 @@ func (q *Queries) KeyCountByToolAndState(ctx context.Context, db DBTX) ([]*KeyCo
 
 const keyCountExpirable = `-- name: KeyCountExpirable :one
 SELECT count(*)::bigint AS expirable
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
     AND pgonce_key.state IN ('succeeded', 'failed')
 `
@@ -75,7 +75,7 @@ func (q *Queries) KeyCountExpirable(ctx context.Context, db DBTX, arg *KeyCountE
 
 const keyCountForgettable = `-- name: KeyCountForgettable :one
 SELECT count(*)::bigint AS forgettable
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
     AND pgonce_key.state = 'expired'
 `
@@ -94,7 +94,7 @@ func (q *Queries) KeyCountForgettable(ctx context.Context, db DBTX, arg *KeyCoun
 const keyExpire = `-- name: KeyExpire :one
 WITH due AS (
     SELECT pgonce_key.key
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
         AND pgonce_key.state IN ('succeeded', 'failed')
     ORDER BY pgonce_key.expires_at
@@ -102,7 +102,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ),
 expired AS (
-    UPDATE pgonce_key
+    UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = 'expired',
         response = NULL,
@@ -143,7 +143,7 @@ func (q *Queries) KeyExpire(ctx context.Context, db DBTX, arg *KeyExpireParams) 
 const keyForget = `-- name: KeyForget :one
 WITH due AS (
     SELECT pgonce_key.key
-    FROM pgonce_key
+    FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
         AND pgonce_key.state = 'expired'
     ORDER BY pgonce_key.expires_at
@@ -151,7 +151,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ),
 deleted AS (
-    DELETE FROM pgonce_key
+    DELETE FROM /* TEMPLATE: schema */pgonce_key
     USING due
     WHERE pgonce_key.key = due.key
     RETURNING pgonce_key.key
@@ -197,7 +197,7 @@ SELECT
     pgonce_key.available_at,
     pgonce_key.lease_until,
     coalesce($1::timestamptz, now())::timestamptz AS now
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = $2::text
 `
 
@@ -264,7 +264,7 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 
 const keyGetArgs = `-- name: KeyGetArgs :one
 SELECT pgonce_key.args
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = $1::text
 `
 
@@ -302,7 +302,7 @@ SELECT
     pgonce_key.available_at,
     pgonce_key.lease_until,
     coalesce($1::timestamptz, now())::timestamptz AS now
-FROM pgonce_key
+FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = $2::text
     OR pgonce_key.scope = $3::text
 ORDER BY pgonce_key.key = $2::text DESC
@@ -371,7 +371,7 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 }
 
 const keyInsert = `-- name: KeyInsert :one
-INSERT INTO pgonce_key (
+INSERT INTO /* TEMPLATE: schema */pgonce_key (
     key,
     scope,
     tenant,

@@ -50,8 +50,6 @@ func clientConfig(schema string, registry *outbox.Registry) outbox.Config {
 // process.
 func dispatcherConfig() dispatcher.Config {
 	return dispatcher.Config{
-		CallTimeout:     callTimeout,
-		Lease:           lease,
 		PollInterval:    20 * time.Millisecond,
 		BatchSize:       16,
 		Concurrency:     8,

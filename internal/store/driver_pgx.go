@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +23,7 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 			return pool.AcquireFunc(ctx, func(conn *pgxpool.Conn) error { return f(conn.Conn()) })
 		},
 		func() int { return int(pool.Stat().MaxConns()) },
-		func(rw *rewriter) Executor { return newPgxExecutor(pool, rw) },
+		func(tpl *template) Executor { return newPgxExecutor(pool, tpl) },
 	)
 	if err != nil {
 		return nil, err
@@ -31,7 +32,7 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 }
 
 // UnwrapExecutor returns an executor that runs in tx.
-func (d *PgxDriver) UnwrapExecutor(tx pgx.Tx) Executor { return newPgxExecutor(tx, d.store.rewriter) }
+func (d *PgxDriver) UnwrapExecutor(tx pgx.Tx) Executor { return newPgxExecutor(tx, d.store.template) }
 
 // Store returns the transaction-free operations.
 func (d *PgxDriver) Store() *Store { return d.store }
@@ -41,21 +42,30 @@ type pgxExecutor struct {
 	q  *dbpgx.Queries
 }
 
-func newPgxExecutor(db dbpgx.DBTX, rw *rewriter) *pgxExecutor {
-	return &pgxExecutor{db: pgxRewriting{db: db, rw: rw}, q: dbpgx.New()}
+func newPgxExecutor(db dbpgx.DBTX, tpl *template) *pgxExecutor {
+	return &pgxExecutor{db: pgxTemplated{db: db, tpl: tpl}, q: dbpgx.New()}
 }
 
-func (e *pgxExecutor) KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error) {
-	row, err := e.q.KeyInsert(ctx, e.db, params)
-	return row, InterpretErrorContext(ctx, err)
+func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey, error) {
+	row, err := e.q.KeyInsert(ctx, e.db, keyInsertParams(key))
+	if err != nil {
+		return nil, InterpretErrorContext(ctx, err)
+	}
+	return insertedKey(row), nil
 }
 
-func (e *pgxExecutor) KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error) {
-	row, err := e.q.KeyGet(ctx, e.db, params)
-	return row, InterpretErrorContext(ctx, err)
+func (e *pgxExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
+	row, err := e.q.KeyGet(ctx, e.db, &dbpgx.KeyGetParams{Key: key, Now: now})
+	if err != nil {
+		return nil, InterpretErrorContext(ctx, err)
+	}
+	return keyRowFromGet(row), nil
 }
 
-func (e *pgxExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error) {
-	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, params)
-	return (*dbpgx.KeyGetRow)(row), InterpretErrorContext(ctx, err)
+func (e *pgxExecutor) KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error) {
+	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbpgx.KeyGetByKeyOrScopeParams{Key: key, Scope: scope, Now: now})
+	if err != nil {
+		return nil, InterpretErrorContext(ctx, err)
+	}
+	return keyRowFromGet((*dbpgx.KeyGetRow)(row)), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -45,7 +46,7 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 		withConn,
 		// Read on every use: SetMaxOpenConns may come after New.
 		func() int { return db.Stats().MaxOpenConnections },
-		func(rw *rewriter) Executor { return newStdExecutor(db, rw) },
+		func(tpl *template) Executor { return newStdExecutor(db, tpl) },
 	)
 	if err != nil {
 		return nil, err
@@ -54,30 +55,31 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 }
 
 // UnwrapExecutor returns an executor that runs in tx.
-func (d *StdDriver) UnwrapExecutor(tx *sql.Tx) Executor { return newStdExecutor(tx, d.store.rewriter) }
+func (d *StdDriver) UnwrapExecutor(tx *sql.Tx) Executor { return newStdExecutor(tx, d.store.template) }
 
 // Store returns the transaction-free operations.
 func (d *StdDriver) Store() *Store { return d.store }
 
-type stdRewriting struct {
-	db dbstd.DBTX
-	rw *rewriter
+// stdTemplated runs statements in the store's schema.
+type stdTemplated struct {
+	db  dbstd.DBTX
+	tpl *template
 }
 
-func (s stdRewriting) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	return s.db.ExecContext(ctx, s.rw.rewrite(query).text, args...)
+func (s stdTemplated) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return s.db.ExecContext(ctx, s.tpl.fill(query), args...)
 }
 
-func (s stdRewriting) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	return s.db.PrepareContext(ctx, s.rw.rewrite(query).text)
+func (s stdTemplated) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return s.db.PrepareContext(ctx, s.tpl.fill(query))
 }
 
-func (s stdRewriting) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return s.db.QueryContext(ctx, s.rw.rewrite(query).text, args...)
+func (s stdTemplated) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return s.db.QueryContext(ctx, s.tpl.fill(query), args...)
 }
 
-func (s stdRewriting) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return s.db.QueryRowContext(ctx, s.rw.rewrite(query).text, args...)
+func (s stdTemplated) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return s.db.QueryRowContext(ctx, s.tpl.fill(query), args...)
 }
 
 type stdExecutor struct {
@@ -85,21 +87,30 @@ type stdExecutor struct {
 	q  *dbstd.Queries
 }
 
-func newStdExecutor(db dbstd.DBTX, rw *rewriter) *stdExecutor {
-	return &stdExecutor{db: stdRewriting{db: db, rw: rw}, q: dbstd.New()}
+func newStdExecutor(db dbstd.DBTX, tpl *template) *stdExecutor {
+	return &stdExecutor{db: stdTemplated{db: db, tpl: tpl}, q: dbstd.New()}
 }
 
-func (e *stdExecutor) KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error) {
-	row, err := e.q.KeyInsert(ctx, e.db, (*dbstd.KeyInsertParams)(params))
-	return (*dbpgx.KeyInsertRow)(row), InterpretErrorContext(ctx, err)
+func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey, error) {
+	row, err := e.q.KeyInsert(ctx, e.db, (*dbstd.KeyInsertParams)(keyInsertParams(key)))
+	if err != nil {
+		return nil, InterpretErrorContext(ctx, err)
+	}
+	return insertedKey((*dbpgx.KeyInsertRow)(row)), nil
 }
 
-func (e *stdExecutor) KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error) {
-	row, err := e.q.KeyGet(ctx, e.db, (*dbstd.KeyGetParams)(params))
-	return (*dbpgx.KeyGetRow)(row), InterpretErrorContext(ctx, err)
+func (e *stdExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
+	row, err := e.q.KeyGet(ctx, e.db, &dbstd.KeyGetParams{Key: key, Now: now})
+	if err != nil {
+		return nil, InterpretErrorContext(ctx, err)
+	}
+	return keyRowFromGet((*dbpgx.KeyGetRow)(row)), nil
 }
 
-func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error) {
-	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, (*dbstd.KeyGetByKeyOrScopeParams)(params))
-	return (*dbpgx.KeyGetRow)(row), InterpretErrorContext(ctx, err)
+func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error) {
+	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbstd.KeyGetByKeyOrScopeParams{Key: key, Scope: scope, Now: now})
+	if err != nil {
+		return nil, InterpretErrorContext(ctx, err)
+	}
+	return keyRowFromGet((*dbpgx.KeyGetRow)(row)), nil
 }

@@ -1,18 +1,24 @@
 // Package store is the one seam between pgonce and its two drivers, native
 // pgx and database/sql over the pgx stdlib driver.
 //
-// API is not stable. DO NOT USE.
+// The store offers named operations with its own parameter and row types
+// (the key passed in its text form): [Executor] for the statements that may
+// run in a caller's transaction, [Store] for those that run on their own.
+// The generated packages internal/dbpgx and internal/dbstd are imported
+// here alone, and every conversion between their types and the store's
+// stays here, so that a change of the schema's representation changes this
+// package only.
 //
 // sqlc generates the same statements twice: internal/dbpgx for pgx and
-// internal/dbstd for database/sql. Both emit identical Go types, so the
-// database/sql side converts its params and rows with plain conversions. Only
-// the statements that run inside a caller's transaction exist in both; the
-// batch statements of the dispatcher and reconciler run through dbpgx on the
-// pgx connection that sits under either driver.
+// internal/dbstd for database/sql. Both emit identical Go types. Only the
+// statements that run inside a caller's transaction exist in both; the
+// operations of [Store] run through dbpgx on the pgx connection that sits
+// under either driver, one connection per operation, held for that
+// operation's statement alone.
 //
-// The generated statements name pgonce's tables without a schema. Every
-// statement passes through a schema rewriter on its way to the database, so
-// that a caller's search_path is never read nor changed.
+// The statements in queries/ mark every table they name with
+// `/* TEMPLATE: schema */`; the store fills the marker in with the client's
+// schema, so that a caller's search_path is never read nor changed.
 package store
 
 import (
@@ -20,7 +26,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -54,11 +59,17 @@ var ErrTxAborted = errors.New("transaction is aborted")
 // already committed or rolled back (sql.ErrTxDone, pgx.ErrTxClosed).
 var ErrTxDone = errors.New("transaction has already been committed or rolled back")
 
-// Executor runs the statements that may run inside a caller's transaction.
+// Executor runs the operations that may run inside a caller's transaction.
 type Executor interface {
-	KeyInsert(ctx context.Context, params *dbpgx.KeyInsertParams) (*dbpgx.KeyInsertRow, error)
-	KeyGet(ctx context.Context, params *dbpgx.KeyGetParams) (*dbpgx.KeyGetRow, error)
-	KeyGetByKeyOrScope(ctx context.Context, params *dbpgx.KeyGetByKeyOrScopeParams) (*dbpgx.KeyGetRow, error)
+	// KeyInsert inserts a key claim, or returns [ErrNoRows] when the key or
+	// its scope exists already (a tombstone included).
+	KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey, error)
+	// KeyGet reads a key, or returns [ErrNoRows]; now, when not nil,
+	// replaces the database's clock.
+	KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error)
+	// KeyGetByKeyOrScope reads the key, or else another key in its scope,
+	// or returns [ErrNoRows].
+	KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error)
 }
 
 // Driver is what a client of transaction type TTx needs from its database.
@@ -79,9 +90,10 @@ type Store struct {
 	// DoneChannel is notified with a key when the key is final.
 	DoneChannel string
 
-	rewriter *rewriter
+	template *template
 	queries  *dbpgx.Queries
-	// pgxFunc runs f with a pgx handle taken from the pool.
+	// pgxFunc runs f with a pgx handle taken from the pool: one connection
+	// at most, for f's duration.
 	pgxFunc func(ctx context.Context, f func(db dbpgx.DBTX) error) error
 	// connFunc runs f with a connection held for f's whole duration.
 	connFunc func(ctx context.Context, f func(conn *pgx.Conn) error) error
@@ -96,22 +108,22 @@ type Store struct {
 }
 
 func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) error) error,
-	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int, executor func(*rewriter) Executor,
+	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int, executor func(*template) Executor,
 ) (*Store, error) {
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
-	rw := newRewriter(schema)
+	tpl := newTemplate(schema)
 	return &Store{
 		Schema:       schema,
 		WorkChannel:  ident.WorkChannel(schema),
 		DoneChannel:  ident.DoneChannel(schema),
-		rewriter:     rw,
+		template:     tpl,
 		queries:      dbpgx.New(),
 		pgxFunc:      pgxFunc,
 		connFunc:     connFunc,
 		maxConnsFunc: maxConnsFunc,
-		executor:     executor(rw),
+		executor:     executor(tpl),
 	}, nil
 }
 
@@ -149,14 +161,12 @@ func (s *Store) ReserveListener() (release func(), maxConns int, ok bool) {
 // pool.
 func (s *Store) Executor() Executor { return s.executor }
 
-// Pgx runs f with the generated pgx queries and a handle from the pool whose
-// statements are rewritten into the store's schema. Under database/sql the
-// handle is one connection held for all of f, so f must not call anything
-// else that takes a connection (a Get, another Pgx): with a pool of one it
-// would wait for ever.
-func (s *Store) Pgx(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX) error) error {
+// run runs f, one operation's statement, with the generated pgx queries and
+// a handle from the pool whose statements run in the store's schema. Under database/sql the handle is one connection held for f; f runs
+// one statement and never takes another connection.
+func (s *Store) run(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX) error) error {
 	err := s.pgxFunc(ctx, func(db dbpgx.DBTX) error {
-		return f(s.queries, pgxRewriting{db: db, rw: s.rewriter})
+		return f(s.queries, pgxTemplated{db: db, tpl: s.template})
 	})
 	return InterpretErrorContext(ctx, err)
 }
@@ -295,70 +305,46 @@ func InterpretErrorContext(ctx context.Context, err error) error {
 	return InterpretError(err)
 }
 
-// tablePattern finds pgonce's table names in generated statements. They are
-// distinctive enough that a word match cannot hit anything else.
-var tablePattern = regexp.MustCompile(`\bpgonce_(key|resolution)\b`)
-
-// customPlanQueries name the statements that take a batch as parallel
-// arrays. Under a prepared statement's generic plan PostgreSQL cannot see the
-// array sizes, guesses a handful of rows, and may join the unnested batch to
-// itself in quadratic time; these run as unnamed statements, planned with
-// their actual arguments every time.
-var customPlanQueries = []string{"-- name: OutboxFinish ", "-- name: OutboxRelease "}
-
-// rewriter qualifies the table names of statements with a schema, once per
+// schemaMarker marks every place a statement in queries/ names one of
+// pgonce's tables, as river's sqlc templates do: `/* TEMPLATE: schema */pgonce_key`.
+// The store replaces it with the client's quoted schema and a dot, once per
 // statement text.
-type rewriter struct {
+const schemaMarker = "/* TEMPLATE: schema */"
+
+// template fills the schema marker of statements in, once per statement
+// text.
+type template struct {
 	prefix string
-	cache  sync.Map // statement text -> *rewritten
+	cache  sync.Map // statement text -> statement text with the schema
 }
 
-type rewritten struct {
-	text       string
-	customPlan bool
+func newTemplate(schema string) *template {
+	return &template{prefix: ident.Quote(schema) + "."}
 }
 
-func newRewriter(schema string) *rewriter {
-	return &rewriter{prefix: ident.Quote(schema) + "."}
-}
-
-func (r *rewriter) rewrite(query string) *rewritten {
-	if cached, ok := r.cache.Load(query); ok {
-		return cached.(*rewritten) //nolint:forcetypeassert // only *rewritten is stored
+func (t *template) fill(query string) string {
+	if cached, ok := t.cache.Load(query); ok {
+		return cached.(string) //nolint:forcetypeassert // only strings are stored
 	}
-	result := &rewritten{text: tablePattern.ReplaceAllString(query, r.prefix+"$0")}
-	for _, prefix := range customPlanQueries {
-		result.customPlan = result.customPlan || strings.HasPrefix(query, prefix)
-	}
-	r.cache.Store(query, result)
-	return result
+	filled := strings.ReplaceAll(query, schemaMarker, t.prefix)
+	t.cache.Store(query, filled)
+	return filled
 }
 
-// pgxArgs returns the arguments for pgx, asking for an unnamed statement
-// (planned with these arguments) where the statement needs it.
-func (r *rewritten) pgxArgs(args []any) []any {
-	if !r.customPlan {
-		return args
-	}
-	return append([]any{pgx.QueryExecModeExec}, args...)
+// pgxTemplated runs statements in the store's schema.
+type pgxTemplated struct {
+	db  dbpgx.DBTX
+	tpl *template
 }
 
-type pgxRewriting struct {
-	db dbpgx.DBTX
-	rw *rewriter
+func (p pgxTemplated) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
+	return p.db.Exec(ctx, p.tpl.fill(query), args...)
 }
 
-func (p pgxRewriting) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	rw := p.rw.rewrite(query)
-	return p.db.Exec(ctx, rw.text, rw.pgxArgs(args)...)
+func (p pgxTemplated) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
+	return p.db.Query(ctx, p.tpl.fill(query), args...)
 }
 
-func (p pgxRewriting) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
-	rw := p.rw.rewrite(query)
-	return p.db.Query(ctx, rw.text, rw.pgxArgs(args)...)
-}
-
-func (p pgxRewriting) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
-	rw := p.rw.rewrite(query)
-	return p.db.QueryRow(ctx, rw.text, rw.pgxArgs(args)...)
+func (p pgxTemplated) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
+	return p.db.QueryRow(ctx, p.tpl.fill(query), args...)
 }

@@ -1,0 +1,453 @@
+// Package attempt runs claimed attempts of keys and records their outcomes:
+// the machinery that the inline path (outbox's Client.Do), the dispatcher
+// and the reconciler share. It cannot import package outbox, so it works on
+// its own small types (a [Tool] with its call and lookup functions and
+// delivery, a [Request], an error classifier), which outbox adapts from its
+// registry; none of it is part of the public API. The dispatcher and the
+// reconciler find a client's [Runner] with [Of].
+package attempt
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// Delivery says how a tool's outcome is made certain after an attempt whose
+// outcome is unknown.
+type Delivery int
+
+// Deliveries, as outbox's IdempotentByKey, LookupByNaturalID and AtMostOnce.
+const (
+	// ByKey: the provider deduplicates on the key.
+	ByKey Delivery = iota
+	// ByLookup: the provider can be asked whether the action happened.
+	ByLookup
+	// AtMostOnce: neither; an uncertain attempt goes to review.
+	AtMostOnce
+)
+
+// Request is what a provider receives for one attempt.
+type Request struct {
+	Key       string
+	NaturalID string
+	Tool      string
+	Args      json.RawMessage
+	Attempt   int
+}
+
+// Tool is a registered tool as the machinery sees it.
+type Tool struct {
+	Name string
+	// Call performs the tool's effect.
+	Call func(ctx context.Context, req Request) (json.RawMessage, error)
+	// Lookup, nil when the provider cannot look up, answers whether the
+	// action happened.
+	Lookup   func(ctx context.Context, req Request) (resp json.RawMessage, found bool, err error)
+	Delivery Delivery
+	// KeyRetention is how long the provider remembers a key; zero is
+	// forever.
+	KeyRetention time.Duration
+	// Retention, when positive, replaces [Config.Retention] for the tool's
+	// keys.
+	Retention time.Duration
+}
+
+// ErrorKind classifies a provider's error.
+type ErrorKind int
+
+// Error kinds.
+const (
+	// Retryable: the call changed nothing and may be tried again.
+	Retryable ErrorKind = iota
+	// Permanent: a failure to store and replay; never retried.
+	Permanent
+	// Ambiguous: the effect may or may not have happened.
+	Ambiguous
+)
+
+// Config is what a [Runner] needs from its client.
+type Config struct {
+	// CallTimeout is the deadline of one provider call or lookup.
+	CallTimeout time.Duration
+	// Lease is how long a claim holds its key.
+	Lease time.Duration
+	// Retention is how long a finished key keeps its response.
+	Retention time.Duration
+	// TombstoneRetention is how long a finished key is remembered at all.
+	TombstoneRetention time.Duration
+	// StatementTimeout bounds each statement the runner runs.
+	StatementTimeout time.Duration
+	// NotifyDisabled leaves the notifications of finished and released
+	// keys out.
+	NotifyDisabled bool
+	// Logger receives the runner's logs.
+	Logger *slog.Logger
+	// NowFunc, when set, replaces the database's clock in statements.
+	NowFunc func() time.Time
+	// ToolFunc returns the registered tool named name, or nil.
+	ToolFunc func(name string) *Tool
+	// Classify tells a provider's errors apart.
+	Classify func(err error) ErrorKind
+	// FailureBody is the JSON stored for a permanent failure.
+	FailureBody func(err error) json.RawMessage
+	// AmbiguousFunc wraps err as an error whose effect is unknown (a
+	// panic's), which Classify reports as [Ambiguous].
+	AmbiguousFunc func(err error) error
+}
+
+// Runner runs attempts and records outcomes for one client.
+type Runner struct {
+	config Config
+	store  *store.Store
+}
+
+// New returns a runner over s.
+func New(s *store.Store, config Config) *Runner {
+	return &Runner{config: config, store: s}
+}
+
+// Store returns the runner's store.
+func (r *Runner) Store() *store.Store { return r.store }
+
+// Tool returns the registered tool named name, or nil.
+func (r *Runner) Tool(name string) *Tool { return r.config.ToolFunc(name) }
+
+// of is registered by package outbox; see [Of].
+var of func(client any) *Runner
+
+// RegisterOf sets the function behind [Of]. Package outbox calls it from
+// an init function; it is not safe to call after that.
+func RegisterOf(f func(client any) *Runner) { of = f }
+
+// Of returns the runner of client, an *outbox.Client of any transaction
+// type. It panics for anything else: that is a wiring error.
+func Of(client any) *Runner {
+	if of == nil {
+		panic("attempt: no client package registered")
+	}
+	runner := of(client)
+	if runner == nil {
+		panic(fmt.Sprintf("attempt: %T has no runner", client))
+	}
+	return runner
+}
+
+// Attempt is one claimed attempt of a key.
+type Attempt struct {
+	// Tool is the key's tool.
+	Tool *Tool
+	// Request is what the provider receives.
+	Request Request
+	// Ambiguous reports that an earlier attempt may have acted.
+	Ambiguous bool
+	// FirstAttemptedAt starts the provider's key-retention window, by the
+	// database's clock.
+	FirstAttemptedAt time.Time
+	// ClaimedNow is the database's clock when the attempt was claimed, as the
+	// claiming statement read it, and ClaimedAt the local clock (with its
+	// monotonic reading) taken just before that statement was sent. Time
+	// since FirstAttemptedAt is ClaimedNow - FirstAttemptedAt plus the local
+	// time elapsed since ClaimedAt: it never compares the local clock with
+	// the database's, which may disagree by any amount. A zero ClaimedNow
+	// means the time since the first attempt is unknown.
+	ClaimedNow time.Time
+	ClaimedAt  time.Time
+	// MaxAttempts turns a retryable failure into a final one at this attempt.
+	// Zero means no limit.
+	MaxAttempts int
+	// Lease is how long the claim holds the key, from the claim; with
+	// ClaimedAt it gives the local time by which the lease has surely not yet
+	// ended. Zero means unknown.
+	Lease time.Duration
+}
+
+// leaseDeadline is the local time before which the attempt's lease surely
+// holds: the lease was set, by the database, after ClaimedAt.
+func (a Attempt) leaseDeadline() time.Time {
+	if a.Lease <= 0 || a.ClaimedAt.IsZero() {
+		return time.Time{}
+	}
+	return a.ClaimedAt.Add(a.Lease)
+}
+
+// Kind classifies how an attempt ended.
+type Kind int
+
+// Outcome kinds.
+const (
+	Succeeded Kind = iota
+	Failed
+	NeedsReview
+	Retry
+)
+
+// String names the outcome kind, for logs.
+func (k Kind) String() string {
+	switch k {
+	case Succeeded:
+		return "succeeded"
+	case Failed:
+		return "failed"
+	case NeedsReview:
+		return "needs_review"
+	case Retry:
+		return "retry"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// storedState is the stored key state a final outcome leaves.
+func (k Kind) storedState() string {
+	switch k {
+	case Succeeded:
+		return store.StateSucceeded
+	case Failed:
+		return store.StateFailed
+	case NeedsReview:
+		return store.StateNeedsReview
+	}
+	panic(fmt.Sprintf("outcome kind %d has no final state", int(k)))
+}
+
+// Outcome is how an attempt ended, ready to be recorded.
+type Outcome struct {
+	Key       string
+	Attempt   int
+	Kind      Kind
+	Response  json.RawMessage
+	Failure   json.RawMessage
+	Retention time.Duration
+	// RetryDelay, Ambiguous and Err describe a Retry.
+	RetryDelay time.Duration
+	Ambiguous  bool
+	Err        error
+	// LeaseDeadline, when set, is the local time by which the attempt's
+	// lease surely still holds: [Runner.Record] tries no statement again
+	// past it.
+	LeaseDeadline time.Time
+}
+
+// NewOutcome returns the outcome of a's attempt, of no kind yet
+// ([Succeeded]), with its retention and lease deadline.
+func (r *Runner) NewOutcome(a Attempt) Outcome {
+	return Outcome{
+		Key:           a.Request.Key,
+		Attempt:       a.Request.Attempt,
+		Retention:     cmp.Or(a.Tool.Retention, r.config.Retention),
+		LeaseDeadline: a.leaseDeadline(),
+	}
+}
+
+// Run runs one claimed attempt: a lookup first where an earlier attempt
+// left the effect unknown and the tool can look up, then the provider call
+// under [Config.CallTimeout]. It never panics: a provider that panics may
+// have acted before it did, so a panic is an uncertain outcome and follows
+// the tool's [Delivery] like any other. backoff gives the delay before
+// retry n (from 1); nil means none.
+func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) time.Duration) Outcome {
+	tool := a.Tool
+	out := r.NewOutcome(a)
+
+	if a.Ambiguous {
+		switch how, resp, err := r.Settle(ctx, a); how {
+		case SettleReview:
+			return out.needsReview()
+		case SettleFound:
+			return out.succeeded(resp)
+		case SettleLookupFailed:
+			return out.retry(a, backoff, true, err, r.config.FailureBody)
+		case SettleNotFound:
+			a.Ambiguous = false
+		case SettleByKey:
+		}
+	}
+
+	resp, err := r.call(ctx, tool, a.Request)
+	if err == nil {
+		return out.succeeded(resp)
+	}
+	switch r.config.Classify(err) {
+	case Permanent:
+		out.Kind, out.Failure, out.Err = Failed, r.config.FailureBody(err), err
+		return out
+	case Ambiguous:
+		if tool.Delivery == AtMostOnce {
+			out.Err = err
+			return out.needsReview()
+		}
+		return out.retry(a, backoff, true, err, r.config.FailureBody)
+	default:
+		return out.retry(a, backoff, a.Ambiguous, err, r.config.FailureBody)
+	}
+}
+
+// Settlement is how an attempt after one whose outcome is unknown can
+// proceed, by the tool's [Delivery].
+type Settlement int
+
+// Settlements.
+const (
+	// SettleByKey: the provider deduplicates on the key within its key
+	// retention, so calling again with the same key is safe.
+	SettleByKey Settlement = iota
+	// SettleNotFound: a lookup found no effect; calling again is safe.
+	SettleNotFound
+	// SettleFound: a lookup found the effect, whose response comes along.
+	SettleFound
+	// SettleReview: nobody can tell; the key needs review.
+	SettleReview
+	// SettleLookupFailed: the lookup failed; the outcome is still unknown.
+	SettleLookupFailed
+)
+
+// Settle decides, without calling the provider, how attempt a may proceed
+// after an attempt whose outcome is unknown: [AtMostOnce] tools go to
+// review; [ByLookup] tools, and [ByKey] ones past their provider's key
+// retention that can look up, read before they write; the latter without a
+// lookup go to review; the rest retry by key. A lookup runs under
+// [Config.CallTimeout] and a panic in it becomes an error. It is shared by
+// [Runner.Run] and the reconciler.
+func (r *Runner) Settle(ctx context.Context, a Attempt) (Settlement, json.RawMessage, error) {
+	tool := a.Tool
+	pastKeyWindow := tool.Delivery == ByKey && tool.KeyRetention > 0 &&
+		!a.FirstAttemptedAt.IsZero() && a.sinceFirstAttempt() > tool.KeyRetention
+	switch {
+	case tool.Delivery == AtMostOnce:
+		return SettleReview, nil, nil
+	case tool.Delivery == ByLookup || (pastKeyWindow && tool.Lookup != nil):
+		// Read before write: the earlier attempt may have acted.
+		resp, found, err := r.lookup(ctx, tool, a.Request)
+		switch {
+		case err != nil:
+			return SettleLookupFailed, nil, fmt.Errorf("lookup: %w", err)
+		case found:
+			if resp == nil {
+				resp = json.RawMessage{}
+			}
+			return SettleFound, resp, nil
+		}
+		return SettleNotFound, nil, nil
+	case pastKeyWindow:
+		// The provider has forgotten the key: a retry could act twice.
+		return SettleReview, nil, nil
+	}
+	return SettleByKey, nil, nil
+}
+
+// sinceFirstAttempt is how long ago the key was first attempted, by the
+// database's clock (see [Attempt.ClaimedNow]). Unknown counts as forever: a
+// retry by key is only safe when the provider surely still remembers it.
+func (a Attempt) sinceFirstAttempt() time.Duration {
+	if a.ClaimedNow.IsZero() {
+		return math.MaxInt64
+	}
+	elapsed := a.ClaimedNow.Sub(a.FirstAttemptedAt)
+	if !a.ClaimedAt.IsZero() {
+		elapsed += time.Since(a.ClaimedAt)
+	}
+	return elapsed
+}
+
+func (o Outcome) succeeded(resp json.RawMessage) Outcome {
+	if resp == nil {
+		// nil would be stored as NULL; an empty response is still a response.
+		resp = json.RawMessage{}
+	}
+	o.Kind, o.Response = Succeeded, resp
+	return o
+}
+
+func (o Outcome) needsReview() Outcome {
+	o.Kind = NeedsReview
+	return o
+}
+
+func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous bool, err error, failureBody func(error) json.RawMessage) Outcome {
+	o.Err, o.Ambiguous = err, ambiguous
+	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts {
+		if ambiguous && a.Tool.Delivery != ByKey {
+			return o.needsReview()
+		}
+		o.Kind, o.Failure = Failed, failureBody(fmt.Errorf("gave up after %d attempts: %w", a.Request.Attempt, err))
+		return o
+	}
+	o.Kind = Retry
+	if backoff != nil {
+		o.RetryDelay = backoff(a.Request.Attempt)
+	}
+	return o
+}
+
+// call runs the provider under the call timeout and turns a panic into an
+// ambiguous error, logged with its stack: the provider may have acted before
+// it panicked, so a panic is never taken for "nothing happened".
+func (r *Runner) call(ctx context.Context, tool *Tool, req Request) (resp json.RawMessage, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.config.CallTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			r.config.Logger.ErrorContext(ctx, "pgonce: provider panicked",
+				"tool", req.Tool, "key", req.Key, "attempt", req.Attempt, "panic", p, "stack", string(debug.Stack()))
+			err = r.config.AmbiguousFunc(fmt.Errorf("provider panicked: %v", p))
+		}
+	}()
+	return tool.Call(ctx, req)
+}
+
+func (r *Runner) lookup(ctx context.Context, tool *Tool, req Request) (resp json.RawMessage, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.config.CallTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			r.config.Logger.ErrorContext(ctx, "pgonce: lookup panicked",
+				"tool", req.Tool, "key", req.Key, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("lookup panicked: %v", p)
+		}
+	}()
+	if tool.Lookup == nil {
+		return nil, false, errors.New("the provider cannot look up")
+	}
+	return tool.Lookup(ctx, req)
+}
+
+// errorText is err's text, made safe to store (see [SanitizeText]).
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return SanitizeText(err.Error())
+}
+
+// maxErrorTextBytes bounds the error text stored with a key.
+const maxErrorTextBytes = 2048
+
+// SanitizeText makes text that came from outside, such as a provider's
+// error, safe to store in a text column: PostgreSQL rejects a NUL byte and
+// invalid UTF-8 (SQLSTATE 22021), so both become U+FFFD, and text longer
+// than 2 KiB is cut on a character boundary and ends in "…".
+func SanitizeText(s string) string {
+	if len(s) <= maxErrorTextBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) > maxErrorTextBytes {
+		const ellipsis = "…"
+		cut := maxErrorTextBytes - len(ellipsis)
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + ellipsis
+	}
+	return s
+}

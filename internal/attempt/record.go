@@ -1,0 +1,236 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// RecordTimeout bounds how long recording outcomes may take once the
+// caller's context is gone: an outcome whose provider acted is worth
+// persisting after a cancel.
+const RecordTimeout = 10 * time.Second
+
+// Backoff between the tries of a statement that records outcomes.
+const (
+	recordRetryMin = 20 * time.Millisecond
+	recordRetryMax = time.Second
+)
+
+// Record persists outcomes, each fenced by its attempt, and returns the keys
+// whose outcome it wrote. An outcome whose attempt no longer holds its key
+// (the lease was taken over) writes nothing. Outcomes finished together are
+// written in one statement, retries in another.
+//
+// A statement that fails transiently ([store.IsTransient]: a killed
+// connection, a restarting server) is tried again on another connection,
+// with a backoff from 20ms to 1s, for up to [RecordTimeout] and never past
+// the earliest lease among outcomes (see [Outcome.LeaseDeadline]). The fence
+// makes this safe. When a try may have run although its reply was lost, the
+// keys the next try finds no longer held are read back, and those left at
+// their attempt without a lease count as written: only that attempt could
+// have ended its lease.
+//
+// Error text is stored sanitised (see [SanitizeText]). A statement over
+// several outcomes that fails for good (one row's data the database rejects
+// fails its whole batch) is split, and its outcomes written one by one, so
+// that only the bad row is affected. An outcome whose own data the database
+// rejects ([store.IsDataError]) sends its key to review, with the reason as
+// its last error, so that it is never attempted again, and is logged in
+// full; after any other failure its key stays in flight for the reconciler.
+//
+// Recording continues after ctx is cancelled, for up to [RecordTimeout].
+func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
+	defer cancel()
+	until, _ := ctx.Deadline()
+	var finishes, releases []Outcome
+	for _, o := range outcomes {
+		if !o.LeaseDeadline.IsZero() && o.LeaseDeadline.Before(until) {
+			until = o.LeaseDeadline
+		}
+		if o.Kind == Retry {
+			releases = append(releases, o)
+		} else {
+			finishes = append(finishes, o)
+		}
+	}
+	written := make(map[string]bool, len(outcomes))
+	finishErr := r.recordAll(ctx, until, finishes, r.finish, written)
+	releaseErr := r.recordAll(ctx, until, releases, r.release, written)
+	return written, errors.Join(finishErr, releaseErr)
+}
+
+// recordStatement writes outs in one statement and marks the keys written.
+type recordStatement func(ctx context.Context, outs []Outcome, written map[string]bool) error
+
+// recordAll writes outs with stmt, trying again while failures are transient
+// and until allows.
+func (r *Runner) recordAll(ctx context.Context, until time.Time, outs []Outcome, stmt recordStatement, written map[string]bool) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	mayHaveRun, err := r.retryTransient(ctx, until, func(ctx context.Context) error { return stmt(ctx, outs, written) })
+	switch {
+	case err == nil && mayHaveRun:
+		return r.readBackRecorded(ctx, until, outs, written)
+	case err == nil || store.IsTransient(err) || ctx.Err() != nil:
+		return err
+	case len(outs) > 1:
+		// One row's bad data fails its whole statement: write row by row, so
+		// that only the bad row is affected.
+		r.config.Logger.WarnContext(ctx, "pgonce: recording a batch of outcomes failed; recording them one by one",
+			"error", err, "outcomes", len(outs))
+		errs := make([]error, 0, len(outs))
+		for _, o := range outs {
+			errs = append(errs, r.recordAll(ctx, until, []Outcome{o}, stmt, written))
+		}
+		return errors.Join(errs...)
+	case !store.IsDataError(err):
+		// Not this row's data: the row stays in flight for the reconciler.
+		return err
+	}
+	return r.recordUnrecordable(ctx, until, outs[0], err, written)
+}
+
+// recordUnrecordable sends the key of an outcome that cannot be stored as it
+// is (err says why) to review, so that it is never attempted again: what its
+// provider did is known only to the log.
+func (r *Runner) recordUnrecordable(ctx context.Context, until time.Time, o Outcome, err error, written map[string]bool) error {
+	r.config.Logger.ErrorContext(ctx, "pgonce: an outcome cannot be recorded; its key goes to review",
+		"key", o.Key, "attempt", o.Attempt, "outcome", o.Kind.String(), "response", string(o.Response),
+		"failure", string(o.Failure), "outcome_error", errorText(o.Err), "error", err)
+	review := Outcome{
+		Key:     o.Key,
+		Attempt: o.Attempt,
+		Kind:    NeedsReview,
+		Err:     fmt.Errorf("%s outcome could not be recorded: %w", o.Kind, err),
+	}
+	_, reviewErr := r.retryTransient(ctx, until, func(ctx context.Context) error {
+		return r.finish(ctx, []Outcome{review}, written)
+	})
+	if reviewErr != nil {
+		return fmt.Errorf("record outcome of %s: %w", o.Key, errors.Join(err, reviewErr))
+	}
+	return nil
+}
+
+// readBackRecorded marks as written the outcomes of outs that an earlier
+// try wrote although its reply was lost.
+func (r *Runner) readBackRecorded(ctx context.Context, until time.Time, outs []Outcome, written map[string]bool) error {
+	var attempts []store.AttemptRef
+	for _, o := range outs {
+		if !written[o.Key] {
+			attempts = append(attempts, store.AttemptRef{Key: o.Key, Attempt: o.Attempt})
+		}
+	}
+	if len(attempts) == 0 {
+		return nil
+	}
+	_, err := r.retryTransient(ctx, until, func(ctx context.Context) error {
+		keys, err := r.store.RecordedAttempts(ctx, attempts)
+		for _, key := range keys {
+			written[key] = true
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read back recorded outcomes: %w", err)
+	}
+	return nil
+}
+
+// retryTransient runs try, each time under [Config.StatementTimeout], until
+// it succeeds, fails for good, or until leaves no time for another try after
+// the backoff. It reports whether a failed try may have run on the server.
+func (r *Runner) retryTransient(ctx context.Context, until time.Time, try func(ctx context.Context) error) (mayHaveRun bool, err error) {
+	wait := recordRetryMin
+	for {
+		tryCtx, cancel := context.WithTimeout(ctx, r.config.StatementTimeout)
+		err = try(tryCtx)
+		cancel()
+		if err == nil || !store.IsTransient(err) || ctx.Err() != nil {
+			return mayHaveRun, err
+		}
+		mayHaveRun = mayHaveRun || store.MayHaveRun(err)
+		if time.Now().Add(wait).After(until) {
+			return mayHaveRun, err
+		}
+		r.config.Logger.WarnContext(ctx, "pgonce: recording outcomes failed; trying again",
+			"error", err, "retry_in", wait)
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return mayHaveRun, err
+		case <-timer.C:
+		}
+		wait = min(2*wait, recordRetryMax)
+	}
+}
+
+// nowParam is the time passed to statements: nil lets the database's clock
+// decide, which keeps every lease on one clock.
+func (r *Runner) nowParam() *time.Time {
+	if r.config.NowFunc == nil {
+		return nil
+	}
+	now := r.config.NowFunc()
+	return &now
+}
+
+// finish writes final outcomes with [store.Store.Finish].
+func (r *Runner) finish(ctx context.Context, outs []Outcome, written map[string]bool) error {
+	params := &store.FinishParams{Now: r.nowParam(), TombstoneRetention: r.config.TombstoneRetention}
+	if !r.config.NotifyDisabled {
+		params.Channel = r.store.DoneChannel
+	}
+	for _, o := range outs {
+		params.Outcomes = append(params.Outcomes, store.Outcome{
+			Key:       o.Key,
+			Attempt:   o.Attempt,
+			State:     o.Kind.storedState(),
+			Response:  o.Response,
+			Failure:   o.Failure,
+			Retention: o.Retention,
+			LastError: errorText(o.Err),
+		})
+	}
+	keys, err := r.store.Finish(ctx, params)
+	if err != nil {
+		return fmt.Errorf("record outcomes: %w", err)
+	}
+	for _, key := range keys {
+		written[key] = true
+	}
+	return nil
+}
+
+// release puts retryable attempts back to pending with
+// [store.Store.Release].
+func (r *Runner) release(ctx context.Context, outs []Outcome, written map[string]bool) error {
+	params := &store.ReleaseParams{Now: r.nowParam()}
+	if !r.config.NotifyDisabled {
+		params.Channel = r.store.WorkChannel
+	}
+	for _, o := range outs {
+		params.Releases = append(params.Releases, store.Release{
+			Key:       o.Key,
+			Attempt:   o.Attempt,
+			Delay:     o.RetryDelay,
+			Ambiguous: o.Ambiguous,
+			LastError: errorText(o.Err),
+		})
+	}
+	keys, err := r.store.Release(ctx, params)
+	if err != nil {
+		return fmt.Errorf("release attempts: %w", err)
+	}
+	for _, key := range keys {
+		written[key] = true
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package attempt
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+type testBundle struct {
+	runner *Runner
+	store  *store.Store
+	schema string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	schema := pgoncetest.Schema(t)
+	driver, err := store.NewPgxDriver(pgoncetest.Pool(t), schema)
+	require.NoError(t, err)
+	s := driver.Store()
+	runner := New(s, Config{
+		CallTimeout:        time.Second,
+		Lease:              time.Minute,
+		Retention:          time.Hour,
+		TombstoneRetention: 2 * time.Hour,
+		StatementTimeout:   5 * time.Second,
+		Logger:             slog.New(slog.DiscardHandler),
+		ToolFunc:           func(string) *Tool { return nil },
+		Classify:           func(error) ErrorKind { return Retryable },
+		FailureBody:        func(err error) json.RawMessage { return json.RawMessage(`{"error":"x"}`) },
+		AmbiguousFunc:      func(err error) error { return err },
+	})
+	return &testBundle{runner: runner, store: s, schema: schema}
+}
+
+// inFlight inserts n keys claimed in flight under attempt 1 and returns a
+// succeeded outcome for each.
+func (b *testBundle) inFlight(t *testing.T, n int) []Outcome {
+	t.Helper()
+	outcomes := make([]Outcome, 0, n)
+	for i := range n {
+		key := fmt.Sprintf("k1_%064d", i)
+		_, err := b.store.Executor().KeyInsert(t.Context(), &store.NewKey{
+			Key: key, Scope: fmt.Sprintf("s_%d", i), RunID: "run", Step: int64(i), Tool: "refund",
+			Fingerprint: "f", Args: []byte(`{}`), Lease: time.Minute, Worker: "test",
+		})
+		require.NoError(t, err)
+		outcomes = append(outcomes, Outcome{Key: key, Attempt: 1, Kind: Succeeded, Response: json.RawMessage(`{}`), Retention: time.Hour})
+	}
+	return outcomes
+}
+
+func (b *testBundle) get(t *testing.T, key string) *store.KeyRow {
+	t.Helper()
+	row, err := b.store.Executor().KeyGet(t.Context(), key, nil)
+	require.NoError(t, err)
+	return row
+}
+
+func TestRecordReadsBackWhatALostReplyWrote(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	bundle := setup(t)
+
+	// Two keys in flight under attempt 1; the second is then taken over.
+	outcomes := bundle.inFlight(t, 2)
+	_, err := pgoncetest.Pool(t).Exec(ctx, `UPDATE "`+bundle.schema+`".pgonce_key SET attempt = 2 WHERE key = $1`, outcomes[1].Key)
+	require.NoError(t, err)
+
+	// The first try runs, but its reply is lost on the way back; the second
+	// finds nothing left to write.
+	tries := 0
+	lostReply := func(ctx context.Context, outs []Outcome, written map[string]bool) error {
+		tries++
+		if tries == 1 {
+			require.NoError(t, bundle.runner.finish(ctx, outs, map[string]bool{}))
+			return fmt.Errorf("record outcomes: %w", io.ErrUnexpectedEOF)
+		}
+		return bundle.runner.finish(ctx, outs, written)
+	}
+	written := map[string]bool{}
+	require.NoError(t, bundle.runner.recordAll(ctx, time.Now().Add(time.Minute), outcomes, lostReply, written))
+	require.Equal(t, 2, tries)
+	require.Equal(t, map[string]bool{outcomes[0].Key: true}, written, "the lost reply's write is ours; the taken-over key is not")
+
+	require.Equal(t, store.StateSucceeded, bundle.get(t, outcomes[0].Key).State)
+	taken := bundle.get(t, outcomes[1].Key)
+	require.Equal(t, store.StateOpen, taken.State)
+	require.NotNil(t, taken.LeaseUntil, "still in flight")
+}
+
+func TestRecordFallsBackRowByRowOnADataError(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	bundle := setup(t)
+
+	outcomes := bundle.inFlight(t, 5)
+	outcomes[4].Kind, outcomes[4].Response, outcomes[4].Err = Retry, nil, errors.New("503")
+	// The database rejects one row's outcome with a data error, as it
+	// would a value it cannot store.
+	bad := outcomes[2].Key
+	rejectOutcome(t, bundle.schema, bad, "22003")
+
+	written, err := bundle.runner.Record(ctx, outcomes)
+	require.NoError(t, err)
+	require.Len(t, written, len(outcomes), "every outcome was written, the bad one as needs review")
+	for i, o := range outcomes {
+		row := bundle.get(t, o.Key)
+		switch {
+		case o.Key == bad:
+			require.Equal(t, store.StateNeedsReview, row.State, "never attempted again")
+			require.NotNil(t, row.LastError)
+			require.Contains(t, *row.LastError, "succeeded outcome could not be recorded")
+			require.Contains(t, *row.LastError, "value out of range")
+		case o.Kind == Retry:
+			require.Equal(t, store.StateOpen, row.State)
+			require.Nil(t, row.LeaseUntil, "pending")
+		default:
+			require.Equal(t, store.StateSucceeded, row.State, "outcome %d", i)
+		}
+	}
+}
+
+// rejectOutcome makes the database reject, with an error of sqlState,
+// every write of key's row but one that sends it to review.
+func rejectOutcome(t *testing.T, schema string, key string, sqlState string) {
+	t.Helper()
+	_, err := pgoncetest.Pool(t).Exec(t.Context(), fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.reject_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '%[2]s' AND NEW.state <> 'needs_review' THEN
+				RAISE EXCEPTION 'value out of range' USING ERRCODE = '%[3]s';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER reject_outcome BEFORE UPDATE ON %[1]s.pgonce_key
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.reject_outcome();`, `"`+schema+`"`, key, sqlState))
+	require.NoError(t, err)
+}
+
+func TestRecordLeavesInFlightWhatFailsForAnotherReason(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	bundle := setup(t)
+
+	outcomes := bundle.inFlight(t, 3)
+	// Not the row's data (a raise_exception of a trigger): whatever it is,
+	// the provider's success must not go to review, and nothing says the
+	// next try would do better.
+	bad := outcomes[1].Key
+	rejectOutcome(t, bundle.schema, bad, "P0001")
+
+	written, err := bundle.runner.Record(ctx, outcomes)
+	require.ErrorContains(t, err, "SQLSTATE P0001")
+	require.Equal(t, map[string]bool{outcomes[0].Key: true, outcomes[2].Key: true}, written)
+	row := bundle.get(t, bad)
+	require.Equal(t, store.StateOpen, row.State)
+	require.NotNil(t, row.LeaseUntil, "left in flight for the reconciler")
+}
+
+func TestSanitizeText(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", maxErrorTextBytes) // two bytes each
+	for _, tt := range []struct {
+		name, in, want string
+	}{
+		{"Clean", "503 upstream", "503 upstream"},
+		{"NUL", "a\x00b", "a\uFFFDb"},
+		{"InvalidUTF8", "a\xff\xfeb\xc3", "a\uFFFDb\uFFFD"},
+		// 2045 bytes fit beside the ellipsis; the 2045th is inside an é.
+		{"LongIsCutOnACharacterBoundary", long, long[:maxErrorTextBytes-len("…")-1] + "…"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := SanitizeText(tt.in)
+			require.Equal(t, tt.want, got)
+			require.True(t, utf8.ValidString(got))
+			require.LessOrEqual(t, len(got), maxErrorTextBytes)
+		})
+	}
+}

@@ -1,0 +1,675 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/dbpgx"
+)
+
+// Stored key states.
+const (
+	StateOpen        = "open"
+	StateSucceeded   = "succeeded"
+	StateFailed      = "failed"
+	StateNeedsReview = "needs_review"
+	StateExpired     = "expired"
+)
+
+// NewKey is a key claim for [Executor.KeyInsert]. Keys and scopes are passed
+// in their text form.
+type NewKey struct {
+	Key         string
+	Scope       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	NaturalID   string
+	Fingerprint string
+	Args        []byte
+	// Lease, when positive, claims the new key in flight at once for Worker
+	// (the inline path); otherwise the key is pending.
+	Lease  time.Duration
+	Worker string
+	// Channel, when not empty, is notified when the key is inserted pending.
+	Channel string
+	// Now replaces the database's clock when not nil.
+	Now *time.Time
+}
+
+// InsertedKey is what [Executor.KeyInsert] returns for a key it inserted.
+type InsertedKey struct {
+	CreatedAt time.Time
+	Attempt   int
+	// LeaseUntil is set when the key was claimed in flight.
+	LeaseUntil *time.Time
+	// Now is the database's clock at the insert.
+	Now time.Time
+}
+
+// KeyRow is a key as read by [Executor.KeyGet] and
+// [Executor.KeyGetByKeyOrScope].
+type KeyRow struct {
+	Key         string
+	Scope       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	NaturalID   string
+	Fingerprint string
+	State       string
+	Attempt     int
+	Response    []byte
+	Failure     []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	ExpiresAt   *time.Time
+	LastError   *string
+	AvailableAt time.Time
+	LeaseUntil  *time.Time
+	// Now is the database's clock at the read.
+	Now time.Time
+}
+
+// ClaimedKey is a key claimed in flight by [Store.ClaimBatch],
+// [Store.ClaimKey] or [Store.ReclaimExpired].
+type ClaimedKey struct {
+	Key     string
+	Tool    string
+	Attempt int
+	// Ambiguous reports that an earlier attempt may have acted. A reclaimed
+	// key is always ambiguous.
+	Ambiguous        bool
+	FirstAttemptedAt time.Time
+	// LeaseUntil is unset for a reclaimed key.
+	LeaseUntil time.Time
+	// NaturalID and Args are unset for a key of ClaimKey.
+	NaturalID string
+	Args      []byte
+	// Now is the database's clock at the claim.
+	Now time.Time
+}
+
+// ClaimBatchParams are the parameters of [Store.ClaimBatch].
+type ClaimBatchParams struct {
+	Tools  []string
+	Max    int
+	Lease  time.Duration
+	Worker string
+	Now    *time.Time
+}
+
+// ClaimKeyParams are the parameters of [Store.ClaimKey].
+type ClaimKeyParams struct {
+	Key    string
+	Lease  time.Duration
+	Worker string
+	Now    *time.Time
+}
+
+// ReclaimExpiredParams are the parameters of [Store.ReclaimExpired].
+type ReclaimExpiredParams struct {
+	Tools  []string
+	Grace  time.Duration
+	Max    int
+	Lease  time.Duration
+	Worker string
+	Now    *time.Time
+}
+
+// Outcome is the final outcome of one attempt, for [Store.Finish].
+type Outcome struct {
+	Key     string
+	Attempt int
+	// State is StateSucceeded, StateFailed or StateNeedsReview.
+	State     string
+	Response  []byte
+	Failure   []byte
+	Retention time.Duration
+	LastError string
+}
+
+// FinishParams are the parameters of [Store.Finish].
+type FinishParams struct {
+	Outcomes           []Outcome
+	TombstoneRetention time.Duration
+	// Channel, when not empty, is notified with the finished keys.
+	Channel string
+	Now     *time.Time
+}
+
+// Release is an attempt to put back to pending, for [Store.Release].
+type Release struct {
+	Key       string
+	Attempt   int
+	Delay     time.Duration
+	Ambiguous bool
+	LastError string
+}
+
+// ReleaseParams are the parameters of [Store.Release].
+type ReleaseParams struct {
+	Releases []Release
+	// Channel, when not empty, is notified once for the released keys.
+	Channel string
+	Now     *time.Time
+}
+
+// AttemptRef names one attempt of a key.
+type AttemptRef struct {
+	Key     string
+	Attempt int
+}
+
+// ToolCount counts keys of one tool.
+type ToolCount struct {
+	Tool  string
+	Count int64
+	// Oldest is the creation time of the oldest key counted, where the
+	// operation says so.
+	Oldest time.Time
+}
+
+// CountUnservedParams are the parameters of [Store.CountUnserved].
+type CountUnservedParams struct {
+	Tools []string
+	Age   time.Duration
+	Now   *time.Time
+}
+
+// CountExpiredParams are the parameters of [Store.CountExpired].
+type CountExpiredParams struct {
+	Tools []string
+	Grace time.Duration
+	Now   *time.Time
+}
+
+// StalePending counts pending keys due for too long.
+type StalePending struct {
+	Count     int64
+	OldestAge time.Duration
+}
+
+// ResolveParams are the parameters of [Store.Resolve].
+type ResolveParams struct {
+	Key string
+	// Action is "succeeded", "failed" or "retry".
+	Action             string
+	Response           []byte
+	Failure            []byte
+	Retention          time.Duration
+	TombstoneRetention time.Duration
+	ResolvedBy         string
+	Reason             string
+	Channel            string
+	Now                *time.Time
+}
+
+// Resolution is one recorded operator decision.
+type Resolution struct {
+	Action     string
+	ResolvedBy string
+	Reason     string
+	ResolvedAt time.Time
+}
+
+// QueueEntry is the queue fields of an open key; zero values stand for
+// NULL.
+type QueueEntry struct {
+	Attempt          int
+	AvailableAt      time.Time
+	LeaseUntil       time.Time
+	Worker           string
+	FirstAttemptedAt time.Time
+	Ambiguous        bool
+	LastError        string
+}
+
+// StateCount counts the keys of one tool in one state (pending and
+// in_flight for open keys).
+type StateCount struct {
+	Tool  string
+	State string
+	Keys  int64
+}
+
+// QueueStats summarises the queue.
+type QueueStats struct {
+	Pending       int64
+	InFlight      int64
+	ExpiredLeases int64
+	OldestPending time.Duration
+}
+
+// ClaimBatch claims up to Max due pending keys of Tools in flight under a
+// lease, longest due first, skipping keys locked by others.
+func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*ClaimedKey, error) {
+	var claimed []*ClaimedKey
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
+			Now:     p.Now,
+			Tools:   p.Tools,
+			MaxRows: int32(p.Max), //nolint:gosec // bounded by the caller's batch size
+			LeaseMs: p.Lease.Milliseconds(),
+			Worker:  p.Worker,
+		})
+		for _, row := range rows {
+			claimed = append(claimed, &ClaimedKey{
+				Key:              row.Key,
+				Tool:             row.Tool,
+				Attempt:          int(row.Attempt),
+				Ambiguous:        row.Ambiguous,
+				FirstAttemptedAt: row.FirstAttemptedAt,
+				LeaseUntil:       row.LeaseUntil,
+				NaturalID:        row.NaturalID,
+				Args:             row.Args,
+				Now:              row.Now,
+			})
+		}
+		return err
+	})
+	return claimed, err
+}
+
+// ClaimKey claims one pending key in flight under a lease. It returns
+// [ErrNoRows] when the key is not pending.
+func (s *Store) ClaimKey(ctx context.Context, p *ClaimKeyParams) (*ClaimedKey, error) {
+	var claimed *ClaimedKey
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.OutboxClaimKey(ctx, db, &dbpgx.OutboxClaimKeyParams{
+			Now:     p.Now,
+			LeaseMs: p.Lease.Milliseconds(),
+			Worker:  p.Worker,
+			Key:     p.Key,
+		})
+		if err != nil {
+			return err
+		}
+		claimed = &ClaimedKey{
+			Key:              p.Key,
+			Attempt:          int(row.Attempt),
+			Ambiguous:        row.Ambiguous,
+			FirstAttemptedAt: row.FirstAttemptedAt,
+			LeaseUntil:       row.LeaseUntil,
+			Now:              row.Now,
+		}
+		return nil
+	})
+	return claimed, err
+}
+
+// ReclaimExpired leases up to Max in-flight keys of Tools whose lease ended
+// more than Grace ago to Worker under a new attempt.
+func (s *Store) ReclaimExpired(ctx context.Context, p *ReclaimExpiredParams) ([]*ClaimedKey, error) {
+	var claimed []*ClaimedKey
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxReclaimExpired(ctx, db, &dbpgx.OutboxReclaimExpiredParams{
+			Now:     p.Now,
+			GraceMs: p.Grace.Milliseconds(),
+			Tools:   p.Tools,
+			MaxRows: int32(p.Max), //nolint:gosec // bounded by the caller's batch size
+			LeaseMs: p.Lease.Milliseconds(),
+			Worker:  p.Worker,
+		})
+		for _, row := range rows {
+			claimed = append(claimed, &ClaimedKey{
+				Key:              row.Key,
+				Tool:             row.Tool,
+				Attempt:          int(row.Attempt),
+				Ambiguous:        true,
+				FirstAttemptedAt: row.FirstAttemptedAt,
+				NaturalID:        row.NaturalID,
+				Args:             row.Args,
+				Now:              row.Now,
+			})
+		}
+		return err
+	})
+	return claimed, err
+}
+
+// Finish records final outcomes, each fenced by its attempt, in one
+// statement, and returns the keys it wrote.
+func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
+	params := &dbpgx.OutboxFinishParams{
+		Now:         p.Now,
+		TombstoneMs: p.TombstoneRetention.Milliseconds(),
+		Channel:     p.Channel,
+	}
+	for _, o := range p.Outcomes {
+		params.Key = append(params.Key, o.Key)
+		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
+		params.State = append(params.State, o.State)
+		params.Response = append(params.Response, o.Response)
+		params.Failure = append(params.Failure, o.Failure)
+		params.RetentionMs = append(params.RetentionMs, o.Retention.Milliseconds())
+		params.LastError = append(params.LastError, o.LastError)
+	}
+	var keys []string
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxFinish(ctx, db, params)
+		for _, row := range rows {
+			keys = append(keys, row.Key)
+		}
+		return err
+	})
+	return keys, err
+}
+
+// Release puts retryable attempts back to pending after their delay, each
+// fenced by its attempt, in one statement, and returns the keys it wrote.
+func (s *Store) Release(ctx context.Context, p *ReleaseParams) ([]string, error) {
+	params := &dbpgx.OutboxReleaseParams{Now: p.Now, Channel: p.Channel}
+	for _, r := range p.Releases {
+		params.Key = append(params.Key, r.Key)
+		params.Attempt = append(params.Attempt, int32(r.Attempt)) //nolint:gosec // attempts stay small
+		params.DelayMs = append(params.DelayMs, r.Delay.Milliseconds())
+		params.Ambiguous = append(params.Ambiguous, r.Ambiguous)
+		params.LastError = append(params.LastError, r.LastError)
+	}
+	var keys []string
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxRelease(ctx, db, params)
+		for _, row := range rows {
+			keys = append(keys, row.Key)
+		}
+		return err
+	})
+	return keys, err
+}
+
+// RecordedAttempts returns which of the given attempts hold no lease at
+// their attempt any more: their outcome was recorded.
+func (s *Store) RecordedAttempts(ctx context.Context, attempts []AttemptRef) ([]string, error) {
+	params := &dbpgx.OutboxRecordedAttemptsParams{}
+	for _, a := range attempts {
+		params.Key = append(params.Key, a.Key)
+		params.Attempt = append(params.Attempt, int32(a.Attempt)) //nolint:gosec // attempts stay small
+	}
+	var keys []string
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		keys, err = q.OutboxRecordedAttempts(ctx, db, params)
+		return err
+	})
+	return keys, err
+}
+
+// CountUnserved counts, per tool, pending keys of tools outside Tools that
+// were created more than Age ago; Oldest is the oldest one's creation.
+func (s *Store) CountUnserved(ctx context.Context, p *CountUnservedParams) ([]*ToolCount, error) {
+	var counts []*ToolCount
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxCountUnserved(ctx, db, &dbpgx.OutboxCountUnservedParams{
+			Tools: p.Tools,
+			Now:   p.Now,
+			AgeMs: p.Age.Milliseconds(),
+		})
+		for _, row := range rows {
+			counts = append(counts, &ToolCount{Tool: row.Tool, Count: row.Waiting, Oldest: row.Oldest})
+		}
+		return err
+	})
+	return counts, err
+}
+
+// CountExpired counts, per tool, in-flight keys past lease and Grace of
+// tools outside Tools.
+func (s *Store) CountExpired(ctx context.Context, p *CountExpiredParams) ([]*ToolCount, error) {
+	var counts []*ToolCount
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.OutboxCountExpired(ctx, db, &dbpgx.OutboxCountExpiredParams{
+			Now:     p.Now,
+			GraceMs: p.Grace.Milliseconds(),
+			Tools:   p.Tools,
+		})
+		for _, row := range rows {
+			counts = append(counts, &ToolCount{Tool: row.Tool, Count: row.Expired})
+		}
+		return err
+	})
+	return counts, err
+}
+
+// CountStalePending counts pending keys due for longer than age.
+func (s *Store) CountStalePending(ctx context.Context, age time.Duration, now *time.Time) (*StalePending, error) {
+	var stale *StalePending
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.OutboxCountStalePending(ctx, db, &dbpgx.OutboxCountStalePendingParams{
+			Now:   now,
+			AgeMs: age.Milliseconds(),
+		})
+		if err != nil {
+			return err
+		}
+		stale = &StalePending{Count: row.Stale, OldestAge: time.Duration(row.OldestAgeMs) * time.Millisecond}
+		return nil
+	})
+	return stale, err
+}
+
+// Expire turns up to max finished keys past their retention into
+// tombstones and returns how many it turned.
+func (s *Store) Expire(ctx context.Context, max int, now *time.Time) (int64, error) {
+	var expired int64
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		expired, err = q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
+			Now:     now,
+			MaxRows: int32(max), //nolint:gosec // the caller bounds it to int32
+		})
+		return err
+	})
+	return expired, err
+}
+
+// Forget deletes up to max tombstones past their horizon and returns how
+// many it deleted.
+func (s *Store) Forget(ctx context.Context, max int, now *time.Time) (int64, error) {
+	var forgotten int64
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		forgotten, err = q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
+			Now:     now,
+			MaxRows: int32(max), //nolint:gosec // the caller bounds it to int32
+		})
+		return err
+	})
+	return forgotten, err
+}
+
+// CountExpirable counts the finished keys past their retention.
+func (s *Store) CountExpirable(ctx context.Context, now *time.Time) (int64, error) {
+	var count int64
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		count, err = q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: now})
+		return err
+	})
+	return count, err
+}
+
+// CountForgettable counts the tombstones past their horizon.
+func (s *Store) CountForgettable(ctx context.Context, now *time.Time) (int64, error) {
+	var count int64
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		count, err = q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: now})
+		return err
+	})
+	return count, err
+}
+
+// Resolve applies an operator decision to a key in needs_review and records
+// it. It returns [ErrNoRows] when the key is in any other state.
+func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
+	return s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		_, err := q.KeyResolve(ctx, db, &dbpgx.KeyResolveParams{
+			Action:      p.Action,
+			Key:         p.Key,
+			Response:    p.Response,
+			Failure:     p.Failure,
+			Now:         p.Now,
+			RetentionMs: p.Retention.Milliseconds(),
+			TombstoneMs: p.TombstoneRetention.Milliseconds(),
+			ResolvedBy:  p.ResolvedBy,
+			Reason:      p.Reason,
+			Channel:     p.Channel,
+		})
+		return err
+	})
+}
+
+// ResolutionsByKey returns the recorded decisions on key, oldest first.
+func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution, error) {
+	var resolutions []*Resolution
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.ResolutionListByKey(ctx, db, &dbpgx.ResolutionListByKeyParams{Key: key})
+		for _, row := range rows {
+			resolutions = append(resolutions, &Resolution{
+				Action: row.Action, ResolvedBy: row.ResolvedBy, Reason: row.Reason, ResolvedAt: row.ResolvedAt,
+			})
+		}
+		return err
+	})
+	return resolutions, err
+}
+
+// Args returns the canonical arguments of key; a tombstone's are empty. It
+// returns [ErrNoRows] for an unknown key.
+func (s *Store) Args(ctx context.Context, key string) ([]byte, error) {
+	var args []byte
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		args, err = q.KeyGetArgs(ctx, db, &dbpgx.KeyGetArgsParams{Key: key})
+		return err
+	})
+	return args, err
+}
+
+// QueueEntry returns the queue fields of an open key, or [ErrNoRows] for a
+// key that is not open.
+func (s *Store) QueueEntry(ctx context.Context, key string) (*QueueEntry, error) {
+	var entry *QueueEntry
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.OutboxGet(ctx, db, &dbpgx.OutboxGetParams{Key: key})
+		if err != nil {
+			return err
+		}
+		entry = &QueueEntry{
+			Attempt:          int(row.Attempt),
+			AvailableAt:      row.AvailableAt,
+			LeaseUntil:       deref(row.LeaseUntil),
+			Worker:           deref(row.Worker),
+			FirstAttemptedAt: deref(row.FirstAttemptedAt),
+			Ambiguous:        row.Ambiguous,
+			LastError:        deref(row.LastError),
+		}
+		return nil
+	})
+	return entry, err
+}
+
+// CountByToolAndState counts keys per tool and state. It reads the whole
+// key table.
+func (s *Store) CountByToolAndState(ctx context.Context) ([]*StateCount, error) {
+	var counts []*StateCount
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.KeyCountByToolAndState(ctx, db)
+		for _, row := range rows {
+			counts = append(counts, &StateCount{Tool: row.Tool, State: row.State, Keys: row.Keys})
+		}
+		return err
+	})
+	return counts, err
+}
+
+// QueueStats summarises the queue.
+func (s *Store) QueueStats(ctx context.Context, now *time.Time) (*QueueStats, error) {
+	var stats *QueueStats
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.OutboxStats(ctx, db, &dbpgx.OutboxStatsParams{Now: now})
+		if err != nil {
+			return err
+		}
+		stats = &QueueStats{
+			Pending:       row.Pending,
+			InFlight:      row.InFlight,
+			ExpiredLeases: row.ExpiredLeases,
+			OldestPending: time.Duration(row.OldestPendingMs) * time.Millisecond,
+		}
+		return nil
+	})
+	return stats, err
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func keyRowFromGet(row *dbpgx.KeyGetRow) *KeyRow {
+	if row == nil {
+		return nil
+	}
+	return &KeyRow{
+		Key:         row.Key,
+		Scope:       row.Scope,
+		Tenant:      row.Tenant,
+		RunID:       row.RunID,
+		Step:        row.Step,
+		BusinessKey: row.BusinessKey,
+		Tool:        row.Tool,
+		NaturalID:   row.NaturalID,
+		Fingerprint: row.Fingerprint,
+		State:       row.State,
+		Attempt:     int(row.Attempt),
+		Response:    row.Response,
+		Failure:     row.Failure,
+		CreatedAt:   row.CreatedAt,
+		UpdatedAt:   row.UpdatedAt,
+		CompletedAt: row.CompletedAt,
+		ExpiresAt:   row.ExpiresAt,
+		LastError:   row.LastError,
+		AvailableAt: row.AvailableAt,
+		LeaseUntil:  row.LeaseUntil,
+		Now:         row.Now,
+	}
+}
+
+func keyInsertParams(k *NewKey) *dbpgx.KeyInsertParams {
+	params := &dbpgx.KeyInsertParams{
+		Key:         k.Key,
+		Scope:       k.Scope,
+		Tenant:      k.Tenant,
+		RunID:       k.RunID,
+		Step:        k.Step,
+		BusinessKey: k.BusinessKey,
+		Tool:        k.Tool,
+		NaturalID:   k.NaturalID,
+		Fingerprint: k.Fingerprint,
+		Args:        k.Args,
+		Now:         k.Now,
+		Channel:     k.Channel,
+	}
+	if k.Lease > 0 {
+		lease, worker := k.Lease.Milliseconds(), k.Worker
+		params.LeaseMs, params.Worker = &lease, &worker
+	}
+	return params
+}
+
+func insertedKey(row *dbpgx.KeyInsertRow) *InsertedKey {
+	if row == nil {
+		return nil
+	}
+	return &InsertedKey{CreatedAt: row.CreatedAt, Attempt: int(row.Attempt), LeaseUntil: row.LeaseUntil, Now: row.Now}
+}

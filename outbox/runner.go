@@ -1,0 +1,98 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/pgonce/pgonce/internal/attempt"
+)
+
+// The dispatcher and reconciler packages reach a client's attempt runner
+// through [attempt.Of], without an exported accessor on Client.
+func init() {
+	attempt.RegisterOf(func(client any) *attempt.Runner {
+		if c, ok := client.(interface{ runner() *attempt.Runner }); ok {
+			return c.runner()
+		}
+		return nil
+	})
+}
+
+func (c *Client[TTx]) runner() *attempt.Runner { return c.attempts }
+
+// newRunner returns the attempt runner of a client with config.
+func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {
+	registry := c.config.Registry
+	return attempt.New(c.store, attempt.Config{
+		CallTimeout:        c.config.CallTimeout,
+		Lease:              c.config.Lease,
+		Retention:          c.config.Retention,
+		TombstoneRetention: c.config.TombstoneRetention,
+		StatementTimeout:   c.config.StatementTimeout,
+		NotifyDisabled:     c.config.NotifyDisabled,
+		Logger:             c.config.Logger,
+		NowFunc:            c.config.NowFunc,
+		ToolFunc: func(name string) *attempt.Tool {
+			tool := registry.Lookup(name)
+			if tool == nil {
+				return nil
+			}
+			return attemptTool(tool, nil)
+		},
+		Classify:      classifyError,
+		FailureBody:   failureBody,
+		AmbiguousFunc: Ambiguous,
+	})
+}
+
+// attemptTool adapts a registered tool to the attempt machinery; p, when not
+// nil, replaces its provider.
+func attemptTool(tool *Tool, p Provider) *attempt.Tool {
+	if p == nil {
+		p = tool.Provider
+	}
+	t := &attempt.Tool{
+		Name: tool.Name,
+		Call: func(ctx context.Context, req attempt.Request) (json.RawMessage, error) {
+			return p.Call(ctx, providerRequest(req))
+		},
+		Delivery:     attemptDelivery(tool.Delivery),
+		KeyRetention: tool.Opts.KeyRetention,
+		Retention:    tool.Opts.Retention,
+	}
+	if lookuper, ok := p.(Lookuper); ok {
+		t.Lookup = func(ctx context.Context, req attempt.Request) (json.RawMessage, bool, error) {
+			return lookuper.Lookup(ctx, providerRequest(req))
+		}
+	}
+	return t
+}
+
+func providerRequest(req attempt.Request) Request {
+	return Request{Key: Key(req.Key), NaturalID: req.NaturalID, Tool: req.Tool, Args: req.Args, Attempt: req.Attempt}
+}
+
+func attemptDelivery(d Delivery) attempt.Delivery {
+	switch d {
+	case LookupByNaturalID:
+		return attempt.ByLookup
+	case AtMostOnce:
+		return attempt.AtMostOnce
+	default:
+		return attempt.ByKey
+	}
+}
+
+// classifyError tells a provider's errors apart: [Permanent] first, then
+// uncertain ones ([IsAmbiguous]).
+func classifyError(err error) attempt.ErrorKind {
+	var permanent *PermanentError
+	switch {
+	case errors.As(err, &permanent):
+		return attempt.Permanent
+	case IsAmbiguous(err):
+		return attempt.Ambiguous
+	}
+	return attempt.Retryable
+}
