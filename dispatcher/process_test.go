@@ -32,15 +32,7 @@ const (
 // its environment names, it serves the refund tool with a provider that
 // writes each effect to a ledger table, and runs until SIGTERM.
 func runChildDispatcher() int {
-	switch name := os.Getenv(childDriverEnv); name {
-	case drivertest.NamePgx:
-		return runChildDispatcherOver(drivertest.Pgx())
-	case drivertest.NameDatabaseSQL:
-		return runChildDispatcherOver(drivertest.DatabaseSQL())
-	default:
-		fmt.Fprintf(os.Stderr, "child: unknown driver %q\n", name)
-		return 1
-	}
+	return drivertest.RunChild(os.Getenv(childDriverEnv), runChildDispatcherOver[pgx.Tx], runChildDispatcherOver[*sql.Tx])
 }
 
 func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {

@@ -216,15 +216,7 @@ func childApplicationName(schema string) string { return "crash_child_" + schema
 // over the driver its environment names. It runs until it is killed,
 // signalled, or its standard input closes (the test process is gone).
 func runChildDispatcher() int {
-	switch name := os.Getenv(childDriverEnv); name {
-	case drivertest.NamePgx:
-		return runChildDispatcherOver(drivertest.Pgx())
-	case drivertest.NameDatabaseSQL:
-		return runChildDispatcherOver(drivertest.DatabaseSQL())
-	default:
-		fmt.Fprintf(os.Stderr, "child: unknown driver %q\n", name)
-		return 1
-	}
+	return drivertest.RunChild(os.Getenv(childDriverEnv), runChildDispatcherOver[pgx.Tx], runChildDispatcherOver[*sql.Tx])
 }
 
 func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -103,6 +104,21 @@ func Each(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*
 		t.Parallel()
 		stdTest(t, DatabaseSQL())
 	})
+}
+
+// RunChild runs the body of a test's child process over the driver named
+// name ([NamePgx] or [NameDatabaseSQL]): the instance of a generic body for
+// that driver, given the driver. It returns the body's exit code, or says
+// on stderr that name is no driver and returns 1.
+func RunChild(name string, pgxMain func(Driver[pgx.Tx]) int, stdMain func(Driver[*sql.Tx]) int) int {
+	switch name {
+	case NamePgx:
+		return pgxMain(Pgx())
+	case NameDatabaseSQL:
+		return stdMain(DatabaseSQL())
+	}
+	fmt.Fprintf(os.Stderr, "child: unknown driver %q: want %q or %q\n", name, NamePgx, NameDatabaseSQL)
+	return 1
 }
 
 // Client returns a client over the shared test database.
