@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -80,14 +81,15 @@ func (l *ledger) count(key outbox.Key) (calls, effects int) {
 	return l.calls[key], l.effects[key]
 }
 
-type testBundle struct {
-	client   *outbox.Client[pgx.Tx]
+type testBundle[TTx any] struct {
+	client   *outbox.Client[TTx]
+	driver   drivertest.Driver[TTx]
 	ledger   *ledger
 	registry *outbox.Registry
 	schema   string
 }
 
-func setup(t *testing.T) *testBundle {
+func setup[TTx any](t *testing.T, driver drivertest.Driver[TTx]) *testBundle[TTx] {
 	t.Helper()
 	schema := pgoncetest.Schema(t)
 	l := newLedger()
@@ -95,11 +97,26 @@ func setup(t *testing.T) *testBundle {
 	require.NoError(t, registry.Register("refund", l, outbox.IdempotentByKey))
 	require.NoError(t, registry.Register("provision", l, outbox.LookupByNaturalID))
 	require.NoError(t, registry.Register("email", l, outbox.AtMostOnce))
-	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
-	require.NoError(t, err)
-	return &testBundle{client: client, ledger: l, registry: registry, schema: schema}
+	client := driver.Client(t, outbox.Config{Schema: schema, Registry: registry})
+	return &testBundle[TTx]{client: client, driver: driver, ledger: l, registry: registry, schema: schema}
 }
 
+// clientWith returns a client of the bundle's driver over the bundle's
+// schema that serves registry.
+func (b *testBundle[TTx]) clientWith(t *testing.T, registry *outbox.Registry) *outbox.Client[TTx] {
+	t.Helper()
+	return b.driver.Client(t, outbox.Config{Schema: b.schema, Registry: registry})
+}
+
+// submitAll submits calls through client in one transaction of the
+// bundle's driver, and returns their keys.
+func (b *testBundle[TTx]) submitAll(t *testing.T, client *outbox.Client[TTx], calls []outbox.Call) []outbox.Key {
+	t.Helper()
+	return b.driver.SubmitKeys(t, client, calls)
+}
+
+// fastConfig is the dispatcher config of the tests: quick polls and
+// retries. It is the one place the tests set the call timeout.
 func fastConfig() dispatcher.Config {
 	return dispatcher.Config{
 		PollInterval: 20 * time.Millisecond,
@@ -108,8 +125,16 @@ func fastConfig() dispatcher.Config {
 	}
 }
 
+// halfOpenStatementTimeout is the statement deadline of clients behind a
+// black-hole proxy. It ends a statement on a half-open connection, and lies
+// far beyond what a statement on a live connection takes on a loaded
+// machine: a live claim cut off by its deadline may have committed on the
+// server, and its keys then stay in flight, under a lease no test here
+// waits out, with nobody to run them.
+const halfOpenStatementTimeout = 2 * time.Second
+
 // start runs d until the test ends, and fails the test if Run errs.
-func start(t *testing.T, d *dispatcher.Dispatcher[pgx.Tx]) (stop func()) {
+func start[TTx any](t *testing.T, d *dispatcher.Dispatcher[TTx]) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -130,18 +155,32 @@ func start(t *testing.T, d *dispatcher.Dispatcher[pgx.Tx]) (stop func()) {
 	return stop
 }
 
-func submit(t *testing.T, client *outbox.Client[pgx.Tx], tool string, step int64) outbox.Key {
-	t.Helper()
-	res, err := client.Submit(t.Context(), outbox.Call{
+// call is the call of tool at step that the tests submit.
+func call(tool string, step int64) outbox.Call {
+	return outbox.Call{
 		RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step),
 		Args: map[string]any{"step": step},
-	})
+	}
+}
+
+// callsFrom is call of tool at each step from first to first+n-1.
+func callsFrom(tool string, first int64, n int) []outbox.Call {
+	out := make([]outbox.Call, n)
+	for i := range out {
+		out[i] = call(tool, first+int64(i))
+	}
+	return out
+}
+
+func submit[TTx any](t *testing.T, client *outbox.Client[TTx], tool string, step int64) outbox.Key {
+	t.Helper()
+	res, err := client.Submit(t.Context(), call(tool, step))
 	require.NoError(t, err)
 	require.True(t, res.Created)
 	return res.Key
 }
 
-func awaitState(t *testing.T, client *outbox.Client[pgx.Tx], key outbox.Key, want outbox.State) outbox.Result {
+func awaitState[TTx any](t *testing.T, client *outbox.Client[TTx], key outbox.Key, want outbox.State) outbox.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -156,25 +195,18 @@ func awaitState(t *testing.T, client *outbox.Client[pgx.Tx], key outbox.Key, wan
 
 func TestDispatcher(t *testing.T) {
 	t.Parallel()
+	drivertest.Each(t, testDispatcher[pgx.Tx], testDispatcher[*sql.Tx])
+}
+
+func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
 
 	t.Run("ThreeDispatchersDrainEachRowOnce", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 
 		const rows = 3000
-		keys := make([]outbox.Key, rows)
-		var group errgroup.Group
-		group.SetLimit(8)
-		for i := range rows {
-			group.Go(func() error {
-				res, err := bundle.client.Submit(context.Background(), outbox.Call{
-					RunID: "drain", Step: int64(i), Tool: "refund", Args: map[string]any{"i": i},
-				})
-				keys[i] = res.Key
-				return err
-			})
-		}
-		require.NoError(t, group.Wait())
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, rows))
 
 		for range 3 {
 			config := fastConfig()
@@ -203,7 +235,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("RetriesWithBackoffReachSuccess", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
 			if req.Attempt < 3 {
 				return false, errors.New("503 upstream")
@@ -224,7 +256,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("MaxAttemptsExhaustionFailsWithLastError", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
 			return false, fmt.Errorf("503 upstream on attempt %d", req.Attempt)
 		}
@@ -243,12 +275,9 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("BadErrorTextCostsNoOutcome", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		const rows = 60
-		keys := make([]outbox.Key, rows)
-		for i := range keys {
-			keys[i] = submit(t, bundle.client, "refund", int64(i))
-		}
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, rows))
 		// Every first attempt returns together, so that the outcomes share
 		// record statements; two return error text PostgreSQL rejects in a
 		// text column: a NUL byte and invalid UTF-8.
@@ -302,7 +331,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("PermanentFailureIsReplayedBySubmit", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
 			return false, outbox.Permanent(errors.New("card declined"))
 		}
@@ -312,9 +341,7 @@ func TestDispatcher(t *testing.T) {
 
 		key := submit(t, bundle.client, "refund", 1)
 		failed := awaitState(t, bundle.client, key, outbox.StateFailed)
-		replay, err := bundle.client.Submit(t.Context(), outbox.Call{
-			RunID: "run", Step: 1, Tool: "refund", NaturalID: "nat-1", Args: map[string]any{"step": 1},
-		})
+		replay, err := bundle.client.Submit(t.Context(), call("refund", 1))
 		require.NoError(t, err)
 		require.True(t, replay.Replayed())
 		require.Equal(t, []byte(failed.Failure), []byte(replay.Failure))
@@ -324,7 +351,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("PanicIsRecoveredAndRetried", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
 			if req.Attempt == 1 {
 				panic("nil map write")
@@ -342,7 +369,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("PanicAfterActingIsAnUncertainOutcome", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// The provider acts on the first attempt, then panics.
 		actThenPanic := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 			resp, err := bundle.ledger.Call(ctx, req)
@@ -354,8 +381,7 @@ func TestDispatcher(t *testing.T) {
 		registry := outbox.NewRegistry()
 		require.NoError(t, registry.Register("provision", lookupProvider{actThenPanic, bundle.ledger}, outbox.LookupByNaturalID))
 		require.NoError(t, registry.Register("email", actThenPanic, outbox.AtMostOnce))
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
-		require.NoError(t, err)
+		client := bundle.clientWith(t, registry)
 		d, err := dispatcher.New(client, fastConfig())
 		require.NoError(t, err)
 		start(t, d)
@@ -377,20 +403,19 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("KeyRetentionIsMeasuredOnTheDatabaseClock", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// The database's clock is an hour ahead of this process's.
 		registry := outbox.NewRegistry()
 		require.NoError(t, registry.RegisterWithOpts("refund", bundle.ledger, outbox.IdempotentByKey,
 			&outbox.ToolOpts{KeyRetention: time.Hour}))
-		client, err := outbox.NewPgx(pgoncetest.ShiftedClockPool(t, time.Hour),
+		client := driver.ClientOver(t, pgoncetest.ShiftedClockPool(t, time.Hour),
 			outbox.Config{Schema: bundle.schema, Registry: registry})
-		require.NoError(t, err)
 
 		// An uncertain first attempt that acted 90 minutes ago by the
 		// database's clock (30 by the local one): the provider has forgotten
 		// its key, so a retry by key would act twice.
 		key := submit(t, client, "refund", 1)
-		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
 			SET attempt = 1, ambiguous = true, first_attempted_at = pg_catalog.now() - interval '30 minutes'
 			WHERE key = $1`, string(key))
 		require.NoError(t, err)
@@ -412,7 +437,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("OutcomeSurvivesAKilledConnection", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// The provider acts, and then the server kills every connection of
 		// the dispatcher's pool: recording the outcome meets a dead one.
 		pool, kill := pgoncetest.KillablePool(t)
@@ -428,8 +453,7 @@ func TestDispatcher(t *testing.T) {
 		require.NoError(t, registry.Register("email", killing, outbox.AtMostOnce))
 		// No listener, and one call at a time: nothing else in the
 		// dispatcher uses, and so replaces, the dead connections.
-		client, err := outbox.NewPgx(pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: true})
-		require.NoError(t, err)
+		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: true})
 		config := fastConfig()
 		config.Concurrency = 1
 		d, err := dispatcher.New(client, config)
@@ -454,17 +478,16 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("ClaimsAgainAfterAHalfOpenConnection", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// The dispatcher reaches the database through a proxy that can make
 		// its connections half-open: the server gone without a word.
 		// Room for new connections: one dropped by its deadline keeps its
 		// slot while pgx drains it, for up to 15s.
 		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
-		client, err := outbox.NewPgx(pool, outbox.Config{
+		client := driver.ClientOver(t, pool, outbox.Config{
 			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
-			StatementTimeout: 500 * time.Millisecond,
+			StatementTimeout: halfOpenStatementTimeout,
 		})
-		require.NoError(t, err)
 		d, err := dispatcher.New(client, fastConfig())
 		require.NoError(t, err)
 		start(t, d)
@@ -474,17 +497,14 @@ func TestDispatcher(t *testing.T) {
 		awaitState(t, bundle.client, first, outbox.StateSucceeded)
 
 		proxy.BlackHole()
-		keys := make([]outbox.Key, 5)
-		for i := range keys {
-			keys[i] = submit(t, bundle.client, "refund", int64(i+2))
-		}
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 2, 5))
 		for _, key := range keys {
 			var last outbox.Result
 			require.Eventually(t, func() bool {
 				res, err := bundle.client.Get(t.Context(), key)
 				last = res
 				return err == nil && res.State == outbox.StateSucceeded
-			}, 20*time.Second, 10*time.Millisecond, "the dispatcher never claimed %s; last seen: %+v", key, &last)
+			}, time.Minute, 10*time.Millisecond, "the dispatcher never claimed %s; last seen: %+v", key, &last)
 			calls, _ := bundle.ledger.count(key)
 			require.Equal(t, 1, calls)
 		}
@@ -492,22 +512,18 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("ClaimsAgainSoonAfterAFailedClaim", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
-		keys := make([]outbox.Key, 3)
-		for i := range keys {
-			keys[i] = submit(t, bundle.client, "refund", int64(i+1))
-		}
+		bundle := setup(t, driver)
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 1, 3))
 		// The pool's one idle connection goes half-open, so the first
 		// claim fails on its deadline. Nothing else wakes the dispatcher:
 		// no notifications, and a poll an hour from now.
 		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
 		require.NoError(t, pool.Ping(t.Context()))
 		proxy.BlackHole()
-		client, err := outbox.NewPgx(pool, outbox.Config{
+		client := driver.ClientOver(t, pool, outbox.Config{
 			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
-			StatementTimeout: 300 * time.Millisecond,
+			StatementTimeout: halfOpenStatementTimeout,
 		})
-		require.NoError(t, err)
 		config := fastConfig()
 		config.PollInterval = time.Hour
 		d, err := dispatcher.New(client, config)
@@ -518,7 +534,7 @@ func TestDispatcher(t *testing.T) {
 			require.Eventually(t, func() bool {
 				res, err := bundle.client.Get(t.Context(), key)
 				return err == nil && res.State == outbox.StateSucceeded
-			}, 20*time.Second, 10*time.Millisecond, "no claim after the failed one ran %s", key)
+			}, time.Minute, 10*time.Millisecond, "no claim after the failed one ran %s", key)
 			calls, _ := bundle.ledger.count(key)
 			require.Equal(t, 1, calls)
 		}
@@ -526,7 +542,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("NaturalIDReadsBeforeWriteAfterAmbiguousError", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// The provider acts, but the response is lost.
 		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
 			return true, outbox.Ambiguous(errors.New("connection reset after send"))
@@ -546,7 +562,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("AtMostOnceAmbiguousNeedsReview", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
 			return true, context.DeadlineExceeded
 		}
@@ -562,7 +578,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("AmbiguousPastProviderKeyRetentionNeedsReview", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		var calls atomic.Int64
 		forgetful := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
 			calls.Add(1)
@@ -572,8 +588,7 @@ func TestDispatcher(t *testing.T) {
 		// The provider forgets keys at once: a retry by key is never safe.
 		require.NoError(t, registry.RegisterWithOpts("charge", forgetful, outbox.IdempotentByKey,
 			&outbox.ToolOpts{KeyRetention: time.Nanosecond}))
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
-		require.NoError(t, err)
+		client := bundle.clientWith(t, registry)
 		d, err := dispatcher.New(client, fastConfig())
 		require.NoError(t, err)
 		start(t, d)
@@ -585,7 +600,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("LeasesNeverExceedConcurrency", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		var maxLeased atomic.Int64
 		counting := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
 			var leased int64
@@ -604,12 +619,8 @@ func TestDispatcher(t *testing.T) {
 		})
 		registry := outbox.NewRegistry()
 		require.NoError(t, registry.Register("refund", counting, outbox.IdempotentByKey))
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
-		require.NoError(t, err)
-		var keys []outbox.Key
-		for i := range 60 {
-			keys = append(keys, submit(t, client, "refund", int64(i)))
-		}
+		client := bundle.clientWith(t, registry)
+		keys := bundle.submitAll(t, client, callsFrom("refund", 0, 60))
 		config := fastConfig()
 		config.Concurrency, config.BatchSize = 4, 4
 		d, err := dispatcher.New(client, config)
@@ -624,12 +635,11 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("UnregisteredToolIsNotClaimed", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// This process serves refund only.
 		only := outbox.NewRegistry()
 		require.NoError(t, only.Register("refund", bundle.ledger, outbox.IdempotentByKey))
-		narrow, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: only})
-		require.NoError(t, err)
+		narrow := bundle.clientWith(t, only)
 		d, err := dispatcher.New(narrow, fastConfig())
 		require.NoError(t, err)
 		start(t, d)
@@ -645,26 +655,19 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("ServedToolsDrainPastAnUnservedBacklog", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// This process serves refund and provision; 200 emails, due
 		// first, wait for another.
 		served := outbox.NewRegistry()
 		require.NoError(t, served.Register("refund", bundle.ledger, outbox.IdempotentByKey))
 		require.NoError(t, served.Register("provision", bundle.ledger, outbox.LookupByNaturalID))
-		narrow, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: served})
-		require.NoError(t, err)
-		emails := make([]outbox.Key, 0, 200)
-		for i := range 200 {
-			emails = append(emails, submit(t, bundle.client, "email", int64(i)))
+		narrow := bundle.clientWith(t, served)
+		emails := bundle.submitAll(t, bundle.client, callsFrom("email", 0, 200))
+		mixed := make([]outbox.Call, 40)
+		for i := range mixed {
+			mixed[i] = call([]string{"refund", "provision"}[i%2], int64(1000+i))
 		}
-		var keys []outbox.Key
-		for i := range 40 {
-			tool := "refund"
-			if i%2 == 1 {
-				tool = "provision"
-			}
-			keys = append(keys, submit(t, bundle.client, tool, int64(1000+i)))
-		}
+		keys := bundle.submitAll(t, bundle.client, mixed)
 		config := fastConfig()
 		config.Concurrency, config.BatchSize = 8, 8 // many claims, each over both tools
 		d, err := dispatcher.New(narrow, config)
@@ -687,7 +690,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("ShutdownLetsCallsInFlightFinish", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		entered, release := make(chan struct{}), make(chan struct{})
 		bundle.ledger.actFunc = func(outbox.Request) (bool, error) {
 			close(entered)
@@ -714,7 +717,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("ShutdownTimeoutLeavesRowInFlight", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		entered := make(chan struct{})
 		bundle.ledger.actFunc = nil
 		slow := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
@@ -724,8 +727,7 @@ func TestDispatcher(t *testing.T) {
 		})
 		registry := outbox.NewRegistry()
 		require.NoError(t, registry.Register("refund", slow, outbox.IdempotentByKey))
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
-		require.NoError(t, err)
+		client := bundle.clientWith(t, registry)
 		config := fastConfig()
 		config.ShutdownTimeout = -1
 		d, err := dispatcher.New(client, config)
@@ -742,7 +744,7 @@ func TestDispatcher(t *testing.T) {
 
 	t.Run("ListenerSurvivesTerminatedConnection", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		config := fastConfig()
 		config.PollInterval = time.Hour // only notifications can wake it
 		d, err := dispatcher.New(bundle.client, config)
@@ -764,7 +766,7 @@ func TestDispatcher(t *testing.T) {
 	})
 	t.Run("NotifyCooldownTrailingClaimFindsSuppressedKeys", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		// A pool of the dispatcher's own, named after the schema, so that
 		// its claims can be told from other tests' statements.
 		poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
@@ -774,10 +776,9 @@ func TestDispatcher(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
 		const cooldown = 2 * time.Second
-		client, err := outbox.NewPgx(pool, outbox.Config{
+		client := driver.ClientOver(t, pool, outbox.Config{
 			Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown,
 		})
-		require.NoError(t, err)
 		config := fastConfig()
 		config.PollInterval = time.Hour // only notifications and the trailing claim can wake it
 		d, err := dispatcher.New(client, config)
@@ -816,7 +817,7 @@ func TestDispatcher(t *testing.T) {
 
 // listenerPID returns the backend pid of the connection that listens on
 // client's work channel, or 0.
-func listenerPID(t *testing.T, client *outbox.Client[pgx.Tx]) int {
+func listenerPID[TTx any](t *testing.T, client *outbox.Client[TTx]) int {
 	t.Helper()
 	var pid int
 	err := pgoncetest.Pool(t).QueryRow(context.Background(), `
@@ -828,7 +829,12 @@ func listenerPID(t *testing.T, client *outbox.Client[pgx.Tx]) int {
 
 func TestNewRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
-	bundle := setup(t)
+	drivertest.Each(t, testNewRefusesInvalidConfig[pgx.Tx], testNewRefusesInvalidConfig[*sql.Tx])
+}
+
+func testNewRefusesInvalidConfig[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
 	for _, tt := range []struct {
 		name   string
 		config dispatcher.Config

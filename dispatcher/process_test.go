@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,24 +12,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
 const (
 	childSchemaEnv = "PGONCE_TEST_CHILD_SCHEMA"
 	childURLEnv    = "PGONCE_TEST_CHILD_URL"
+	childDriverEnv = "PGONCE_TEST_CHILD_DRIVER"
 )
 
-// runChildDispatcher is the body of a dispatcher process: it serves the
-// refund tool with a provider that writes each effect to a ledger table, and
-// runs until SIGTERM.
+// runChildDispatcher is the body of a dispatcher process: over the driver
+// its environment names, it serves the refund tool with a provider that
+// writes each effect to a ledger table, and runs until SIGTERM.
 func runChildDispatcher() int {
+	return drivertest.RunChild(os.Getenv(childDriverEnv), runChildDispatcherOver[pgx.Tx], runChildDispatcherOver[*sql.Tx])
+}
+
+func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	schema := os.Getenv(childSchemaEnv)
@@ -51,11 +58,12 @@ func runChildDispatcher() int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
-	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	client, closeClient, err := driver.Open(pool, outbox.Config{Schema: schema, Registry: registry})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
+	defer closeClient()
 	d, err := dispatcher.New(client, dispatcher.Config{PollInterval: 50 * time.Millisecond, BatchSize: 50, Concurrency: 8})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
@@ -70,28 +78,24 @@ func runChildDispatcher() int {
 
 func TestProcessesDrainEachRowOnce(t *testing.T) {
 	t.Parallel()
-	bundle := setup(t)
+	drivertest.Each(t, testProcessesDrainEachRowOnce[pgx.Tx], testProcessesDrainEachRowOnce[*sql.Tx])
+}
+
+func testProcessesDrainEachRowOnce[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
 	pool := pgoncetest.Pool(t)
 	_, err := pool.Exec(t.Context(), `CREATE TABLE "`+bundle.schema+`".ledger (key text NOT NULL, pid integer NOT NULL)`)
 	require.NoError(t, err)
 
 	const rows = 3000
-	var group errgroup.Group
-	group.SetLimit(8)
-	for i := range rows {
-		group.Go(func() error {
-			_, err := bundle.client.Submit(context.Background(), outbox.Call{
-				RunID: "procs", Step: int64(i), Tool: "refund", Args: map[string]any{"i": i},
-			})
-			return err
-		})
-	}
-	require.NoError(t, group.Wait())
+	bundle.submitAll(t, bundle.client, callsFrom("refund", 0, rows))
 
 	children := make([]*exec.Cmd, 3)
 	for i := range children {
 		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
-		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+pgoncetest.DatabaseURL(t))
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+pgoncetest.DatabaseURL(t),
+			childDriverEnv+"="+driver.Name)
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())
 		children[i] = cmd

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
 )
@@ -29,6 +31,7 @@ import (
 const (
 	childSchemaEnv = "PGONCE_TEST_RECONCILE_CHILD_SCHEMA"
 	childURLEnv    = "PGONCE_TEST_RECONCILE_CHILD_URL"
+	childDriverEnv = "PGONCE_TEST_RECONCILE_CHILD_DRIVER"
 )
 
 // Timings of the crash test. The lease is short so that the leases of killed
@@ -46,7 +49,7 @@ func crashClientConfig(schema string, registry *outbox.Registry) outbox.Config {
 }
 
 // crashDispatcherConfig is the dispatcher configuration of every process in
-// the crash test.
+// the crash test. Its CallTimeout and Lease repeat crashClientConfig's.
 func crashDispatcherConfig() dispatcher.Config {
 	return dispatcher.Config{
 		PollInterval: 50 * time.Millisecond,
@@ -207,10 +210,14 @@ func ledgerRegistry(pool *pgxpool.Pool, schema string, gate <-chan struct{}) (*o
 // work on schema, so that the test can tell when the server has ended them.
 func childApplicationName(schema string) string { return "crash_child_" + schema }
 
-// runChildDispatcher is the body of a dispatcher process of the crash test.
-// It runs until it is killed, signalled, or its standard input closes (the
-// test process is gone).
+// runChildDispatcher is the body of a dispatcher process of the crash test,
+// over the driver its environment names. It runs until it is killed,
+// signalled, or its standard input closes (the test process is gone).
 func runChildDispatcher() int {
+	return drivertest.RunChild(os.Getenv(childDriverEnv), runChildDispatcherOver[pgx.Tx], runChildDispatcherOver[*sql.Tx])
+}
+
+func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	go func() {
@@ -233,10 +240,11 @@ func runChildDispatcher() int {
 		if err != nil {
 			return err
 		}
-		client, err := outbox.NewPgx(pool, crashClientConfig(schema, registry))
+		client, closeClient, err := driver.Open(pool, crashClientConfig(schema, registry))
 		if err != nil {
 			return err
 		}
+		defer closeClient()
 		d, err := dispatcher.New(client, crashDispatcherConfig())
 		if err != nil {
 			return err
@@ -252,6 +260,11 @@ func runChildDispatcher() int {
 
 func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 	t.Parallel()
+	drivertest.Each(t, testKilledDispatchersLeaveNoDoubleEffect[pgx.Tx], testKilledDispatchersLeaveNoDoubleEffect[*sql.Tx])
+}
+
+func testKilledDispatchersLeaveNoDoubleEffect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
 
 	const (
 		rows = 600
@@ -262,7 +275,7 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 	)
 
 	type testBundle struct {
-		client *outbox.Client[pgx.Tx]
+		client *outbox.Client[TTx]
 		pool   *pgxpool.Pool
 		schema string
 		quoted string
@@ -288,8 +301,7 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 		require.NoError(t, err)
 		registry, err := ledgerRegistry(pool, schema, nil)
 		require.NoError(t, err)
-		client, err := outbox.NewPgx(pool, crashClientConfig(schema, registry))
-		require.NoError(t, err)
+		client := driver.Client(t, crashClientConfig(schema, registry))
 
 		bundle := &testBundle{
 			client: client,
@@ -299,21 +311,17 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 			tools:  map[string]string{},
 			keys:   map[string]outbox.Key{},
 		}
-		tx, err := pool.Begin(t.Context())
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
-		for i := range rows {
-			naturalID := fmt.Sprintf("nat-%d", i)
-			tool := []string{"refund", "provision", "email"}[i%3]
-			res, err := client.SubmitTx(t.Context(), tx, outbox.Call{
-				RunID: "crash", Step: int64(i), Tool: tool, NaturalID: naturalID, Args: map[string]any{"i": i},
-			})
-			require.NoError(t, err)
-			require.True(t, res.Created)
-			bundle.tools[naturalID] = tool
-			bundle.keys[naturalID] = res.Key
+		calls := make([]outbox.Call, rows)
+		for i := range calls {
+			calls[i] = outbox.Call{
+				RunID: "crash", Step: int64(i), Tool: []string{"refund", "provision", "email"}[i%3],
+				NaturalID: fmt.Sprintf("nat-%d", i), Args: map[string]any{"i": i},
+			}
 		}
-		require.NoError(t, tx.Commit(t.Context()))
+		for i, key := range driver.SubmitKeys(t, client, calls) {
+			bundle.tools[calls[i].NaturalID] = calls[i].Tool
+			bundle.keys[calls[i].NaturalID] = key
+		}
 		return bundle
 	}
 
@@ -355,7 +363,8 @@ func TestKilledDispatchersLeaveNoDoubleEffect(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
 		cmd.Env = append(os.Environ(),
 			childSchemaEnv+"="+bundle.schema,
-			childURLEnv+"="+pgoncetest.DatabaseURL(t))
+			childURLEnv+"="+pgoncetest.DatabaseURL(t),
+			childDriverEnv+"="+driver.Name)
 		stderr := &bytes.Buffer{}
 		cmd.Stderr = stderr
 		// The child exits when this pipe closes, should the test process die

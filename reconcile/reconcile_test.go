@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
 )
@@ -44,13 +46,14 @@ func (p *payments) Lookup(_ context.Context, req outbox.Request) (json.RawMessag
 	return json.RawMessage(fmt.Sprintf(`{"found":%q}`, req.NaturalID)), true, nil
 }
 
-type testBundle struct {
-	client   *outbox.Client[pgx.Tx]
+type testBundle[TTx any] struct {
+	client   *outbox.Client[TTx]
+	driver   drivertest.Driver[TTx]
 	payments *payments
 	schema   string
 }
 
-func setup(t *testing.T) *testBundle {
+func setup[TTx any](t *testing.T, driver drivertest.Driver[TTx]) *testBundle[TTx] {
 	t.Helper()
 	schema := pgoncetest.Schema(t)
 	p := &payments{effects: map[string]int{}}
@@ -58,29 +61,42 @@ func setup(t *testing.T) *testBundle {
 	require.NoError(t, registry.Register("refund", p, outbox.IdempotentByKey))
 	require.NoError(t, registry.Register("provision", p, outbox.LookupByNaturalID))
 	require.NoError(t, registry.Register("email", p, outbox.AtMostOnce))
-	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: schema, Registry: registry})
-	require.NoError(t, err)
-	return &testBundle{client: client, payments: p, schema: schema}
+	client := driver.Client(t, outbox.Config{Schema: schema, Registry: registry})
+	return &testBundle[TTx]{client: client, driver: driver, payments: p, schema: schema}
 }
 
-// crashed submits a call and leaves it as a killed worker does: in flight,
-// its lease long expired.
-func crashed(t *testing.T, bundle *testBundle, tool string, step int64, leaseAgo string) outbox.Key {
+// serving makes the bundle's client one of its driver over the bundle's
+// schema that serves registry, and returns it.
+func (b *testBundle[TTx]) serving(t *testing.T, registry *outbox.Registry) *outbox.Client[TTx] {
 	t.Helper()
-	res, err := bundle.client.Submit(t.Context(), outbox.Call{
-		RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step), Args: map[string]any{"step": step},
-	})
-	require.NoError(t, err)
-	_, err = pgoncetest.Pool(t).Exec(t.Context(), `
-		UPDATE "`+bundle.schema+`".pgonce_key
-		SET attempt = 1, worker = 'dead-worker', lease_until = now() - $2::interval,
-			first_attempted_at = now() - $2::interval - interval '1 minute'
-		WHERE key = $1`, string(res.Key), leaseAgo)
-	require.NoError(t, err)
-	return res.Key
+	b.client = b.driver.Client(t, outbox.Config{Schema: b.schema, Registry: registry})
+	return b.client
 }
 
-func state(t *testing.T, bundle *testBundle, key outbox.Key) outbox.State {
+// call is the call of tool at step that the tests submit.
+func call(tool string, step int64) outbox.Call {
+	return outbox.Call{
+		RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step), Args: map[string]any{"step": step},
+	}
+}
+
+// crashed submits calls through the bundle's client, in one transaction of
+// its driver, and leaves them as a killed worker does: in flight, under a
+// lease that ended leaseAgo ago.
+func crashed[TTx any](t *testing.T, bundle *testBundle[TTx], leaseAgo time.Duration, calls ...outbox.Call) []outbox.Key {
+	t.Helper()
+	keys := bundle.driver.SubmitKeys(t, bundle.client, calls)
+	pgoncetest.AbandonKeys(t, bundle.schema, leaseAgo, keys...)
+	return keys
+}
+
+// crashedOne is [crashed] of the call of tool at step.
+func crashedOne[TTx any](t *testing.T, bundle *testBundle[TTx], tool string, step int64, leaseAgo time.Duration) outbox.Key {
+	t.Helper()
+	return crashed(t, bundle, leaseAgo, call(tool, step))[0]
+}
+
+func state[TTx any](t *testing.T, bundle *testBundle[TTx], key outbox.Key) outbox.State {
 	t.Helper()
 	res, err := bundle.client.Get(t.Context(), key)
 	require.NoError(t, err)
@@ -89,16 +105,20 @@ func state(t *testing.T, bundle *testBundle, key outbox.Key) outbox.State {
 
 func TestRunOnce(t *testing.T) {
 	t.Parallel()
+	drivertest.Each(t, testRunOnce[pgx.Tx], testRunOnce[*sql.Tx])
+}
+
+func testRunOnce[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
 
 	t.Run("ResolvesEachDeliveryMode", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
-		keyed := crashed(t, bundle, "refund", 1, "1 hour")
+		bundle := setup(t, driver)
 		// The crashed worker's provider acted for step 2 but nobody recorded it.
 		bundle.payments.effects["nat-2"] = 1
-		lookedUpFound := crashed(t, bundle, "provision", 2, "1 hour")
-		lookedUpMissing := crashed(t, bundle, "provision", 3, "1 hour")
-		atMostOnce := crashed(t, bundle, "email", 4, "1 hour")
+		crashedKeys := crashed(t, bundle, time.Hour,
+			call("refund", 1), call("provision", 2), call("provision", 3), call("email", 4))
+		keyed, lookedUpFound, lookedUpMissing, atMostOnce := crashedKeys[0], crashedKeys[1], crashedKeys[2], crashedKeys[3]
 
 		r, err := reconcile.New(bundle.client, reconcile.Config{})
 		require.NoError(t, err)
@@ -120,9 +140,7 @@ func TestRunOnce(t *testing.T) {
 		// The requeued rows run once more; every effect happened once.
 		for _, step := range []int64{1, 3} {
 			tool := map[int64]string{1: "refund", 3: "provision"}[step]
-			res, err := bundle.client.Do(t.Context(), outbox.Call{
-				RunID: "run", Step: step, Tool: tool, NaturalID: fmt.Sprintf("nat-%d", step), Args: map[string]any{"step": step},
-			}, nil)
+			res, err := bundle.client.Do(t.Context(), call(tool, step), nil)
 			require.NoError(t, err)
 			require.Equal(t, outbox.StateSucceeded, res.State)
 		}
@@ -139,9 +157,9 @@ func TestRunOnce(t *testing.T) {
 
 	t.Run("LiveLeaseIsNotTouched", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
-		live := crashed(t, bundle, "email", 1, "-1 hour") // lease ends in an hour
-		withinGrace := crashed(t, bundle, "email", 2, "1 second")
+		bundle := setup(t, driver)
+		live := crashedOne(t, bundle, "email", 1, -time.Hour) // lease ends in an hour
+		withinGrace := crashedOne(t, bundle, "email", 2, time.Second)
 
 		r, err := reconcile.New(bundle.client, reconcile.Config{})
 		require.NoError(t, err)
@@ -154,12 +172,11 @@ func TestRunOnce(t *testing.T) {
 
 	t.Run("UnregisteredToolIsSkippedAndCounted", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
-		key := crashed(t, bundle, "email", 1, "1 hour")
+		bundle := setup(t, driver)
+		key := crashedOne(t, bundle, "email", 1, time.Hour)
 		narrow := outbox.NewRegistry()
 		require.NoError(t, narrow.Register("refund", bundle.payments, outbox.IdempotentByKey))
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: narrow})
-		require.NoError(t, err)
+		client := driver.Client(t, outbox.Config{Schema: bundle.schema, Registry: narrow})
 
 		r, err := reconcile.New(client, reconcile.Config{})
 		require.NoError(t, err)
@@ -171,7 +188,7 @@ func TestRunOnce(t *testing.T) {
 
 	t.Run("StalePendingIsReportedNotTouched", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		res, err := bundle.client.Submit(t.Context(), outbox.Call{RunID: "run", Step: 1, Tool: "refund", Args: map[string]any{}})
 		require.NoError(t, err)
 		_, err = pgoncetest.Pool(t).Exec(t.Context(),
@@ -191,15 +208,13 @@ func TestRunOnce(t *testing.T) {
 
 	t.Run("ConcurrentReconcilersResolveEachRowOnce", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t)
+		bundle := setup(t, driver)
 		const rows = 1000
-		_, err := pgoncetest.Pool(t).Exec(t.Context(), `
-			INSERT INTO "`+bundle.schema+`".pgonce_key (key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args,
-				attempt, worker, lease_until, first_attempted_at)
-			SELECT 'k1_' || encode(sha256(('stale' || i)::bytea), 'hex'), 'scope-' || i, '', 'stale', i, '', 'email', '', 'f', '{}'::bytea,
-				1, 'dead-worker', now() - interval '1 hour', now() - interval '2 hours'
-			FROM generate_series(1, $1::int) AS i`, rows)
-		require.NoError(t, err)
+		stale := make([]outbox.Call, rows)
+		for i := range stale {
+			stale[i] = call("email", int64(i))
+		}
+		crashed(t, bundle, time.Hour, stale...)
 
 		reports := make([]reconcile.Report, 2)
 		batches := make([]int, 2)
@@ -262,19 +277,25 @@ func (b *barrierLookup) Lookup(ctx context.Context, req outbox.Request) (json.Ra
 
 func TestRunOnceLooksUpABatchAtOnce(t *testing.T) {
 	t.Parallel()
-	bundle := setup(t)
+	drivertest.Each(t, testRunOnceLooksUpABatchAtOnce[pgx.Tx], testRunOnceLooksUpABatchAtOnce[*sql.Tx])
+}
+
+func testRunOnceLooksUpABatchAtOnce[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
 	const rows = 8
 	lookup := &barrierLookup{payments: payments{effects: map[string]int{}}, want: rows, all: make(chan struct{})}
 	registry := outbox.NewRegistry()
 	require.NoError(t, registry.Register("provision", lookup, outbox.LookupByNaturalID))
-	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{
+	client := driver.Client(t, outbox.Config{
 		Schema: bundle.schema, Registry: registry, CallTimeout: 5 * time.Second,
 	})
-	require.NoError(t, err)
 	bundle.client = client
-	for i := range rows {
-		crashed(t, bundle, "provision", int64(i), "1 hour")
+	lost := make([]outbox.Call, rows)
+	for i := range lost {
+		lost[i] = call("provision", int64(i))
 	}
+	crashed(t, bundle, time.Hour, lost...)
 
 	r, err := reconcile.New(client, reconcile.Config{BatchSize: rows})
 	require.NoError(t, err)
@@ -292,13 +313,16 @@ func (*panickingLookup) Lookup(context.Context, outbox.Request) (json.RawMessage
 
 func TestRunOnceSurvivesPanickingLookup(t *testing.T) {
 	t.Parallel()
-	bundle := setup(t)
+	drivertest.Each(t, testRunOnceSurvivesPanickingLookup[pgx.Tx], testRunOnceSurvivesPanickingLookup[*sql.Tx])
+}
+
+func testRunOnceSurvivesPanickingLookup[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
 	registry := outbox.NewRegistry()
 	require.NoError(t, registry.Register("provision", &panickingLookup{payments{effects: map[string]int{}}}, outbox.LookupByNaturalID))
-	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
-	require.NoError(t, err)
-	bundle.client = client
-	key := crashed(t, bundle, "provision", 1, "1 hour")
+	client := bundle.serving(t, registry)
+	key := crashedOne(t, bundle, "provision", 1, time.Hour)
 
 	r, err := reconcile.New(client, reconcile.Config{})
 	require.NoError(t, err)
@@ -331,20 +355,24 @@ func (b badTextLookup) Lookup(ctx context.Context, req outbox.Request) (json.Raw
 
 func TestRunOnceBadLookupErrorTextCostsNoOutcome(t *testing.T) {
 	t.Parallel()
-	bundle := setup(t)
+	drivertest.Each(t, testRunOnceBadLookupErrorTextCostsNoOutcome[pgx.Tx], testRunOnceBadLookupErrorTextCostsNoOutcome[*sql.Tx])
+}
+
+func testRunOnceBadLookupErrorTextCostsNoOutcome[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
 	registry := outbox.NewRegistry()
 	require.NoError(t, registry.Register("provision", badTextLookup{bundle.payments, "nat-5"}, outbox.LookupByNaturalID))
-	client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: bundle.schema, Registry: registry})
-	require.NoError(t, err)
-	bundle.client = client
+	client := bundle.serving(t, registry)
 	const rows = 20
-	keys := make([]outbox.Key, rows)
-	for i := range keys {
+	lost := make([]outbox.Call, rows)
+	for i := range lost {
 		if i%2 == 0 {
 			bundle.payments.effects[fmt.Sprintf("nat-%d", i)] = 1
 		}
-		keys[i] = crashed(t, bundle, "provision", int64(i), "1 hour")
+		lost[i] = call("provision", int64(i))
 	}
+	keys := crashed(t, bundle, time.Hour, lost...)
 
 	r, err := reconcile.New(client, reconcile.Config{BatchSize: rows})
 	require.NoError(t, err)
@@ -367,24 +395,33 @@ func TestRunOnceBadLookupErrorTextCostsNoOutcome(t *testing.T) {
 
 func TestRunOnceAfterAHalfOpenConnection(t *testing.T) {
 	t.Parallel()
-	bundle := setup(t)
+	drivertest.Each(t, testRunOnceAfterAHalfOpenConnection[pgx.Tx], testRunOnceAfterAHalfOpenConnection[*sql.Tx])
+}
+
+func testRunOnceAfterAHalfOpenConnection[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
 	// The reconciler reaches the database through a proxy that can make its
 	// connections half-open: the server gone without a word.
 	proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
-	client, err := outbox.NewPgx(pool, outbox.Config{
-		Schema: bundle.schema, Registry: bundle.client.Config().Registry, StatementTimeout: 500 * time.Millisecond,
+	// The statement deadline ends a statement on a half-open connection,
+	// and lies far beyond what one on a live connection takes on a loaded
+	// machine: a live reclaim cut off by its deadline may have committed on
+	// the server, leaving its row under the reconciler's lease.
+	const statementTimeout = 2 * time.Second
+	client := driver.ClientOver(t, pool, outbox.Config{
+		Schema: bundle.schema, Registry: bundle.client.Config().Registry, StatementTimeout: statementTimeout,
 	})
-	require.NoError(t, err)
 	r, err := reconcile.New(client, reconcile.Config{})
 	require.NoError(t, err)
 	_, err = r.RunOnce(t.Context())
 	require.NoError(t, err)
 
 	proxy.BlackHole()
-	key := crashed(t, bundle, "email", 1, "1 hour")
+	key := crashedOne(t, bundle, "email", 1, time.Hour)
 	// Each run ends within its statements' deadlines, failed or not; one
 	// on fresh connections resolves the row.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		done := make(chan error, 1)
 		go func() {
@@ -393,7 +430,7 @@ func TestRunOnceAfterAHalfOpenConnection(t *testing.T) {
 		}()
 		select {
 		case err = <-done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(time.Minute):
 			t.Fatal("RunOnce hangs on a half-open connection")
 		}
 		if err == nil && state(t, bundle, key) == outbox.StateNeedsReview {

@@ -1,0 +1,183 @@
+// Package drivertest runs a test once per driver that pgonce supports:
+// native pgx ([outbox.NewPgx] over a *pgxpool.Pool) and database/sql
+// ([outbox.New] over a *sql.DB opened with pgx's stdlib driver). A test
+// written once against a [Driver] of transaction type TTx builds its
+// clients, and submits in that driver's own transactions, through it.
+//
+// It lives apart from pgoncetest because it imports outbox, whose internal
+// tests import pgoncetest.
+package drivertest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// Names of the drivers, as subtests and child processes name them.
+const (
+	NamePgx         = "Pgx"
+	NameDatabaseSQL = "DatabaseSQL"
+)
+
+// Driver opens pgonce clients of transaction type TTx over a pgx pool, and
+// runs that type's transactions.
+type Driver[TTx any] struct {
+	// Name names the driver in subtest names: [NamePgx] or [NameDatabaseSQL].
+	Name string
+
+	// openFunc returns a client over pool, and what closes the handle it
+	// made over pool, if any.
+	openFunc func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[TTx], func(), error)
+	// inTxFunc runs fn in a transaction over the shared test database and
+	// commits when fn returns nil.
+	inTxFunc func(tb testing.TB, ctx context.Context, fn func(tx TTx) error) error
+}
+
+// Pgx is the native pgx driver: outbox.NewPgx over the pool itself, and
+// pgx.Tx transactions.
+func Pgx() Driver[pgx.Tx] {
+	return Driver[pgx.Tx]{
+		Name: NamePgx,
+		openFunc: func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[pgx.Tx], func(), error) {
+			client, err := outbox.NewPgx(pool, config)
+			return client, func() {}, err
+		},
+		inTxFunc: func(tb testing.TB, ctx context.Context, fn func(tx pgx.Tx) error) error {
+			return pgx.BeginFunc(ctx, pgoncetest.Pool(tb), fn)
+		},
+	}
+}
+
+// DatabaseSQL is the database/sql driver: outbox.New over a *sql.DB that
+// pgx's stdlib driver opens over the pool, limited to as many open
+// connections as the pool, and *sql.Tx transactions.
+func DatabaseSQL() Driver[*sql.Tx] {
+	return Driver[*sql.Tx]{
+		Name: NameDatabaseSQL,
+		openFunc: func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[*sql.Tx], func(), error) {
+			db := stdlib.OpenDBFromPool(pool)
+			db.SetMaxOpenConns(int(pool.Config().MaxConns))
+			client, err := outbox.New(db, config)
+			if err != nil {
+				_ = db.Close()
+				return nil, nil, err
+			}
+			return client, func() { _ = db.Close() }, nil
+		},
+		inTxFunc: func(tb testing.TB, ctx context.Context, fn func(tx *sql.Tx) error) error {
+			tx, err := pgoncetest.DB(tb).BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback() }()
+			if err := fn(tx); err != nil {
+				return err
+			}
+			return tx.Commit()
+		},
+	}
+}
+
+// Each runs the test once per driver, as parallel subtests named by the
+// driver. Pass the two instances of one generic test function:
+//
+//	drivertest.Each(t, testDispatcher[pgx.Tx], testDispatcher[*sql.Tx])
+func Each(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*testing.T, Driver[*sql.Tx])) {
+	t.Helper()
+	t.Run(NamePgx, func(t *testing.T) {
+		t.Parallel()
+		pgxTest(t, Pgx())
+	})
+	t.Run(NameDatabaseSQL, func(t *testing.T) {
+		t.Parallel()
+		stdTest(t, DatabaseSQL())
+	})
+}
+
+// RunChild runs the body of a test's child process over the driver named
+// name ([NamePgx] or [NameDatabaseSQL]): the instance of a generic body for
+// that driver, given the driver. It returns the body's exit code, or says
+// on stderr that name is no driver and returns 1.
+func RunChild(name string, pgxMain func(Driver[pgx.Tx]) int, stdMain func(Driver[*sql.Tx]) int) int {
+	switch name {
+	case NamePgx:
+		return pgxMain(Pgx())
+	case NameDatabaseSQL:
+		return stdMain(DatabaseSQL())
+	}
+	fmt.Fprintf(os.Stderr, "child: unknown driver %q: want %q or %q\n", name, NamePgx, NameDatabaseSQL)
+	return 1
+}
+
+// Client returns a client over the shared test database.
+func (d Driver[TTx]) Client(tb testing.TB, config outbox.Config) *outbox.Client[TTx] {
+	tb.Helper()
+	return d.ClientOver(tb, pgoncetest.Pool(tb), config)
+}
+
+// ClientOver returns a client over pool (a pool of the test's own: a
+// killable one, one behind a proxy, one with a shifted clock). The handle
+// it opens over pool closes when tb ends; the pool stays its owner's.
+func (d Driver[TTx]) ClientOver(tb testing.TB, pool *pgxpool.Pool, config outbox.Config) *outbox.Client[TTx] {
+	tb.Helper()
+	client, closeFunc, err := d.openFunc(pool, config)
+	require.NoError(tb, err, "open a %s client", d.Name)
+	tb.Cleanup(closeFunc)
+	return client
+}
+
+// Open returns a client over pool and a function that closes the handle
+// it opened over pool, for code that runs without a testing.TB (a child
+// process of a test).
+func (d Driver[TTx]) Open(pool *pgxpool.Pool, config outbox.Config) (client *outbox.Client[TTx], closeFunc func(), err error) {
+	return d.openFunc(pool, config)
+}
+
+// SubmitAll submits calls through client in one transaction of the driver
+// over the shared test database, committed before it returns, and returns
+// their results in order. It fails tb unless every call created its key:
+// set up many keys at the cost of one commit.
+func (d Driver[TTx]) SubmitAll(tb testing.TB, client *outbox.Client[TTx], calls []outbox.Call) []outbox.Result {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	results := make([]outbox.Result, len(calls))
+	err := d.inTxFunc(tb, ctx, func(tx TTx) error {
+		for i, call := range calls {
+			res, err := client.SubmitTx(ctx, tx, call)
+			if err != nil {
+				return fmt.Errorf("submit call %d (%s step %d): %w", i, call.Tool, call.Step, err)
+			}
+			if !res.Created {
+				return fmt.Errorf("submit call %d (%s step %d): key %s existed already", i, call.Tool, call.Step, res.Key)
+			}
+			results[i] = res
+		}
+		return nil
+	})
+	require.NoError(tb, err, "submit %d calls in one %s transaction", len(calls), d.Name)
+	return results
+}
+
+// SubmitKeys is [Driver.SubmitAll] that returns the keys alone.
+func (d Driver[TTx]) SubmitKeys(tb testing.TB, client *outbox.Client[TTx], calls []outbox.Call) []outbox.Key {
+	tb.Helper()
+	results := d.SubmitAll(tb, client, calls)
+	keys := make([]outbox.Key, len(results))
+	for i, res := range results {
+		keys[i] = res.Key
+	}
+	return keys
+}
