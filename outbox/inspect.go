@@ -75,6 +75,10 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 		if inspection.Args, err = c.store.Args(ctx, string(key)); err != nil {
 			return err
 		}
+		if inspection.Fingerprint == "" && inspection.Args != nil {
+			// A step call's fingerprint is not stored: its key covers it.
+			inspection.Fingerprint = fingerprint(row.Tool, inspection.Args)
+		}
 		queue, err := c.store.QueueEntry(ctx, string(key))
 		switch {
 		case err == nil:
