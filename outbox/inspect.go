@@ -21,7 +21,8 @@ type Inspection struct {
 	Step        int64
 	BusinessKey string
 	NaturalID   string
-	// Fingerprint hashes the tool and the canonical arguments.
+	// Fingerprint hashes the tool and the canonical arguments. It is empty
+	// for a tombstone of a step call, which keeps neither.
 	Fingerprint string
 	// ExpiresAt is when retention may prune the key, or zero.
 	ExpiresAt time.Time

@@ -31,15 +31,6 @@ func keyDigest(key string) []byte {
 // keyText returns the text form of a stored key.
 func keyText(digest []byte) string { return keyPrefix + hex.EncodeToString(digest) }
 
-// keyDigests is keyDigest over keys.
-func keyDigests(keys []string) [][]byte {
-	digests := make([][]byte, len(keys))
-	for i, key := range keys {
-		digests[i] = keyDigest(key)
-	}
-	return digests
-}
-
 // hexDigest returns the stored form of a scope's or fingerprint's text form,
 // or nil for text that is not 64 hex digits. The empty text is nil: a
 // fingerprint that is not stored.
