@@ -129,28 +129,20 @@ func benchFill(b *testing.B, schema, prefix, tool string, rows int) []string {
 	dbRows, err := pgoncetest.Pool(b).Query(ctx, `INSERT INTO `+quoted+`.pgonce_key (
 			key,
 			scope,
-			tenant,
 			run_id,
 			step,
-			business_key,
 			tool,
-			natural_id,
-			fingerprint,
 			args
 		)
 		SELECT
-			'k1_' || encode(sha256(convert_to($1::text || '/' || i, 'UTF8')), 'hex'),
-			encode(sha256(convert_to('scope/' || $1::text || '/' || i, 'UTF8')), 'hex'),
-			'',
+			sha256(convert_to($1::text || '/' || i, 'UTF8')),
+			sha256(convert_to('scope/' || $1::text || '/' || i, 'UTF8')),
 			$1::text,
 			i,
-			'',
 			$2::text,
-			'',
-			encode(sha256(convert_to('fingerprint/' || $2::text, 'UTF8')), 'hex'),
 			'{}'::bytea
 		FROM generate_series(1, $3::bigint) AS i
-		RETURNING pgonce_key.key`, prefix, tool, rows)
+		RETURNING 'k1_' || encode(pgonce_key.key, 'hex')`, prefix, tool, rows)
 	require.NoError(b, err)
 	keys, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
 	require.NoError(b, err)
@@ -165,34 +157,32 @@ func benchFinished(b *testing.B, schema string, rows int) {
 	_, err := pgoncetest.Pool(b).Exec(context.Background(), `INSERT INTO `+ident.Quote(schema)+`.pgonce_key (
 		key,
 		scope,
-		tenant,
 		run_id,
 		step,
-		business_key,
 		tool,
-		natural_id,
-		fingerprint,
 		args,
 		state,
 		response,
+		available_at,
+		updated_at,
 		completed_at,
-		expires_at
+		expires_at,
+		forget_at
 	)
 	SELECT
-		'k1_' || encode(sha256(convert_to('finished/' || i, 'UTF8')), 'hex'),
-		encode(sha256(convert_to('scope/finished/' || i, 'UTF8')), 'hex'),
-		'',
+		sha256(convert_to('finished/' || i, 'UTF8')),
+		sha256(convert_to('scope/finished/' || i, 'UTF8')),
 		'finished',
 		i,
-		'',
 		$1::text,
-		'',
-		encode(sha256(convert_to('fingerprint/' || $1::text, 'UTF8')), 'hex'),
 		'{}'::bytea,
 		'succeeded',
 		'{}'::bytea,
+		NULL,
+		NULL,
 		now(),
-		now() + interval '30 days'
+		now() + interval '30 days',
+		now() + interval '365 days'
 	FROM generate_series(1, $2::bigint) AS i`, benchTool, rows)
 	require.NoError(b, err)
 }
@@ -444,7 +434,8 @@ func BenchmarkClaim(b *testing.B) {
 				done.await(b, claimRows)
 
 				b.StopTimer()
-				_, err = pgoncetest.Pool(b).Exec(ctx, `DELETE FROM `+quoted+`.pgonce_key WHERE key = any($1::text[])`, keys)
+				_, err = pgoncetest.Pool(b).Exec(ctx, `DELETE FROM `+quoted+`.pgonce_key
+					WHERE key IN (SELECT decode(substr(k, 4), 'hex') FROM unnest($1::text[]) AS k)`, keys)
 				require.NoError(b, err)
 				b.StartTimer()
 			}

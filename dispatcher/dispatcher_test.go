@@ -417,7 +417,7 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		key := submit(t, client, "refund", 1)
 		_, err := pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
 			SET attempt = 1, ambiguous = true, first_attempted_at = pg_catalog.now() - interval '30 minutes'
-			WHERE key = $1`, string(key))
+			WHERE key = $1`, pgoncetest.StoredKey(t, string(key)))
 		require.NoError(t, err)
 		bundle.ledger.mu.Lock()
 		bundle.ledger.effects[key] = 1

@@ -1,84 +1,134 @@
 -- +goose Up
 
+-- pgonce_state is a key's state. open covers pending and in flight: a
+-- pending key has no lease, an in-flight key holds one. expired is a
+-- tombstone.
+CREATE TYPE /* TEMPLATE: schema */pgonce_state AS ENUM ('open', 'succeeded', 'failed', 'needs_review', 'expired');
+
 -- pgonce_key is the key store, the one source of truth for a key's state,
 -- and the dispatch queue: one row per intended action, written once by the
 -- submit that claims the key. While the key is open the row is its outbox
--- entry: pending without a lease, in flight with one. The statement that
--- records the key's outcome takes it off the queue. Retention later turns
--- the row into its own tombstone (state expired: the response and arguments
--- dropped, the key, scope and completion time kept), which still holds the
--- key's unique index entries, so a late duplicate finds it and nothing runs
--- again; the tombstone is deleted after its own horizon. One row per call,
--- not a key row and a queue row, halves the rows a submit writes.
+-- entry. The statement that records the key's outcome takes it off the
+-- queue. Retention later turns the row into its own compact tombstone (state
+-- expired: key, scope, fingerprint, completion and forget times, nothing
+-- else), which still holds the key's index entries, so a late duplicate finds
+-- it and nothing runs again; the tombstone is deleted after its horizon.
+--
+-- Sizes: key, scope and fingerprint are their 32-byte SHA-256 digests (the
+-- text forms k1_<hex> and <hex> are the API's, see KEYSPEC.md); optional
+-- text is NULL rather than empty; fields that mean nothing in a state are
+-- NULL in it. Columns are ordered fixed-width first, widest first, so that
+-- no row pays for alignment padding.
+--
+-- The row invariants are CHECK constraints: the database refuses a row that
+-- breaks them, whoever writes it.
 CREATE TABLE /* TEMPLATE: schema */pgonce_key (
-    key text PRIMARY KEY,
-    -- scope identifies the logical action (tenant + run + step, or tenant +
-    -- business key). It is unique so that one step is one action: asking step
-    -- 3 again with another tool or other arguments is a conflict, not a second
-    -- action.
-    scope text NOT NULL,
-    tenant text NOT NULL,
-    run_id text NOT NULL,
-    step bigint NOT NULL,
-    business_key text NOT NULL,
-    tool text NOT NULL,
-    natural_id text NOT NULL,
-    -- fingerprint is a hash of the tool and the canonical arguments.
-    fingerprint text NOT NULL,
-    -- args are the RFC 8785 canonical bytes of the arguments.
-    args bytea NOT NULL,
-    -- open: pending, or in flight while lease_until is set. expired: a
-    -- tombstone.
-    state text NOT NULL DEFAULT 'open',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- available_at is when a pending key may be claimed (after a backoff).
+    -- Open keys only.
+    available_at timestamptz DEFAULT now(),
+    -- lease_until and worker are set while an attempt holds the key.
+    lease_until timestamptz,
+    -- first_attempted_at starts a provider's key-retention window.
+    first_attempted_at timestamptz,
+    -- updated_at is when an open or needs-review key last changed; a
+    -- finished key last changed when it completed.
+    updated_at timestamptz DEFAULT now(),
+    completed_at timestamptz,
+    -- expires_at is when retention turns a finished key into a tombstone;
+    -- forget_at is when the tombstone may be deleted. Both are fixed when
+    -- the key finishes.
+    expires_at timestamptz,
+    forget_at timestamptz,
+    step bigint,
     -- attempt fences every write that finishes an attempt: a writer whose
     -- attempt is no longer the row's changes nothing.
     attempt integer NOT NULL DEFAULT 0,
-    -- available_at is when a pending key may be claimed (after a backoff).
-    available_at timestamptz NOT NULL DEFAULT now(),
-    -- lease_until and worker are set while an attempt holds the key.
-    lease_until timestamptz,
-    worker text,
-    -- first_attempted_at starts a provider's key-retention window.
-    first_attempted_at timestamptz,
+    state /* TEMPLATE: schema */pgonce_state NOT NULL DEFAULT 'open',
     -- ambiguous records that the last attempt may or may not have acted.
     ambiguous boolean NOT NULL DEFAULT false,
+    key bytea NOT NULL,
+    -- scope identifies the logical action (tenant + run + step, or tenant +
+    -- business key). It is unique so that one step is one action: asking
+    -- step 3 again with another tool or other arguments is a conflict, not
+    -- a second action. A key fixes its scope (KEYSPEC.md), so the unique
+    -- scope makes the key unique too.
+    scope bytea NOT NULL,
+    -- fingerprint, a hash of the tool and the canonical arguments, is kept
+    -- only for business-key calls: a step call's key already hashes the
+    -- tool and the arguments.
+    fingerprint bytea,
+    tenant text,
+    run_id text,
+    business_key text,
+    tool text,
+    natural_id text,
+    worker text,
+    -- args are the RFC 8785 canonical bytes of the arguments.
+    args bytea,
     -- response and failure are bytea, not jsonb: jsonb reorders members and
     -- drops whitespace, and a replay must return the provider's exact bytes.
     response bytea,
     failure bytea,
     -- last_error keeps why the last attempt did not succeed.
     last_error text,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    completed_at timestamptz,
-    -- expires_at is when retention may turn a finished key into a tombstone,
-    -- and, for a tombstone, when it may be deleted. Open and needs-review keys
-    -- have none.
-    expires_at timestamptz,
-    -- forget_at is when the tombstone of a finished key may be deleted, fixed
-    -- when the key finishes.
-    forget_at timestamptz,
-    CONSTRAINT pgonce_key_scope_key UNIQUE (scope)
-    -- The row's invariants (state is one of open, succeeded, failed,
-    -- needs_review, expired; a response exactly when succeeded, a failure
-    -- exactly when failed; completed_at exactly when succeeded, failed or
-    -- expired; a lease and a worker together, and only while open) are kept
-    -- by the statements in queries/, the only writers, and checked on every
-    -- test's schema before it is dropped. They are not CHECK constraints on
-    -- purpose: PostgreSQL prepares every CHECK expression again for each
-    -- statement, and for the single-row insert that a submit is, five of
-    -- them cost 25-30 microseconds, an eighth of the statement.
+    CONSTRAINT pgonce_key_scope_key UNIQUE (scope),
+    CONSTRAINT pgonce_key_digests_check CHECK (
+        octet_length(key) = 32 AND octet_length(scope) = 32 AND (fingerprint IS NULL OR octet_length(fingerprint) = 32)
+    ),
+    -- A response exactly when succeeded, a failure exactly when failed.
+    CONSTRAINT pgonce_key_response_check CHECK ((state = 'succeeded') = (response IS NOT NULL)),
+    CONSTRAINT pgonce_key_failure_check CHECK ((state = 'failed') = (failure IS NOT NULL)),
+    -- A lease and a worker together, only while open, and only for an
+    -- attempt that a claim counted.
+    CONSTRAINT pgonce_key_lease_check CHECK (
+        attempt >= 0
+        AND (lease_until IS NULL) = (worker IS NULL)
+        AND (lease_until IS NULL OR (state = 'open' AND attempt > 0))
+    ),
+    CONSTRAINT pgonce_key_available_check CHECK ((state = 'open') = (available_at IS NOT NULL)),
+    CONSTRAINT pgonce_key_updated_check CHECK ((state IN ('open', 'needs_review')) = (updated_at IS NOT NULL)),
+    -- completed_at exactly when finished; the retention times exactly while
+    -- they apply.
+    CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed', 'expired')) = (completed_at IS NOT NULL)),
+    CONSTRAINT pgonce_key_retention_check CHECK (
+        (state IN ('succeeded', 'failed')) = (expires_at IS NOT NULL)
+        AND (state IN ('succeeded', 'failed', 'expired')) = (forget_at IS NOT NULL)
+    ),
+    -- A tombstone keeps only what a late duplicate needs; every other key
+    -- keeps its call.
+    CONSTRAINT pgonce_key_call_check CHECK (
+        CASE
+            WHEN state = 'expired' THEN
+                tool IS NULL AND args IS NULL AND step IS NULL AND run_id IS NULL AND tenant IS NULL
+                AND business_key IS NULL AND natural_id IS NULL AND last_error IS NULL AND first_attempted_at IS NULL
+            ELSE tool IS NOT NULL AND args IS NOT NULL AND step IS NOT NULL
+        END
+    )
+) WITH (
+    -- A queue inside a large table: vacuum after 2% of the rows changed,
+    -- not the default 20%, so the queue's partial indexes shed dead entries
+    -- long before 10^7 finished keys would let them; inserts alone
+    -- (submits) trigger a vacuum that sets pages all-visible.
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02
 );
 
+-- Looking a key up needs equality only; a hash index stores a 4-byte hash
+-- per key instead of the 32-byte key. Uniqueness is the scope's.
+CREATE INDEX pgonce_key_key_idx ON /* TEMPLATE: schema */pgonce_key USING hash (key);
 -- Claiming reads the head of this index for each tool it serves, whatever
 -- the number of finished keys, and whatever waits for tools it does not
 -- serve.
 CREATE INDEX pgonce_key_due_idx ON /* TEMPLATE: schema */pgonce_key (tool, available_at) WHERE state = 'open' AND lease_until IS NULL;
 -- The reconciler reads expired leases from this one.
 CREATE INDEX pgonce_key_lease_idx ON /* TEMPLATE: schema */pgonce_key (lease_until) WHERE lease_until IS NOT NULL;
--- Retention reads finished keys and tombstones past their horizon here.
-CREATE INDEX pgonce_key_expires_at_idx ON /* TEMPLATE: schema */pgonce_key (expires_at) WHERE expires_at IS NOT NULL;
-CREATE INDEX pgonce_key_needs_review_idx ON /* TEMPLATE: schema */pgonce_key (updated_at) WHERE state = 'needs_review';
+-- Retention reads finished keys past their retention, and tombstones past
+-- their horizon, here.
+CREATE INDEX pgonce_key_expires_at_idx ON /* TEMPLATE: schema */pgonce_key (expires_at) WHERE state IN ('succeeded', 'failed');
+CREATE INDEX pgonce_key_forget_at_idx ON /* TEMPLATE: schema */pgonce_key (forget_at) WHERE state = 'expired';
 
 -- +goose Down
 DROP TABLE /* TEMPLATE: schema */pgonce_key;
+DROP TYPE /* TEMPLATE: schema */pgonce_state;

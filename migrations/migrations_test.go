@@ -95,8 +95,8 @@ func TestUp(t *testing.T) {
 		require.NoError(t, migrations.Up(ctx, db, first))
 
 		_, err := db.ExecContext(ctx, `INSERT INTO "`+first+`".pgonce_key
-			(key, scope, tenant, run_id, step, business_key, tool, natural_id, fingerprint, args)
-			VALUES ('k', 's', '', 'run', 1, '', 'refund', '', 'f', '{}')`)
+			(key, scope, run_id, step, tool, args)
+			VALUES (sha256('k'), sha256('s'), 'run', 1, 'refund', '{}')`)
 		require.NoError(t, err)
 
 		var count int

@@ -166,7 +166,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		BusinessKey: call.Key,
 		Tool:        call.Tool,
 		NaturalID:   call.NaturalID,
-		Fingerprint: d.Fingerprint,
+		Fingerprint: storedFingerprint(call, d),
 		Args:        d.Args,
 		Now:         c.nowParam(),
 	}
@@ -215,7 +215,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 				// The action, or another one in its scope, already ran.
 				return Result{}, nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
 			}
-			if existing.Key != string(d.Key) || existing.Fingerprint != d.Fingerprint {
+			if existing.Key != string(d.Key) || existing.Fingerprint != storedFingerprint(call, d) {
 				return Result{}, nil, &KeyConflictError{
 					Key:                 d.Key,
 					ExistingKey:         Key(existing.Key),
@@ -348,3 +348,14 @@ func (c *Client[TTx]) nowParam() *time.Time {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// storedFingerprint is the fingerprint stored with call's key: only a
+// business-key call has one. A step call's key already hashes its tool and
+// canonical arguments, so a stored fingerprint would repeat what the key
+// says; the same key is the same request.
+func storedFingerprint(call Call, d derivation) string {
+	if call.Key == "" {
+		return ""
+	}
+	return d.Fingerprint
+}

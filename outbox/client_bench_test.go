@@ -200,6 +200,30 @@ func benchmarkSubmitTx[TTx any](b *testing.B, d benchDriver[TTx]) {
 		b.ReportMetric(float64(submitMedian)/float64(bareMedian), "ratio")
 	})
 
+	// PairedChecks prices the key table's CHECK constraints: submitting
+	// transactions into a schema with them and into one without them, in
+	// turn, with the median of each and their ratio.
+	b.Run("PairedChecks", func(b *testing.B) {
+		ctx := b.Context()
+		checked := benchClient(b, d, outbox.Config{})
+		unchecked := benchClient(b, d, outbox.Config{})
+		dropKeyChecks(b, unchecked.Config().Schema)
+		var checkedTimes, uncheckedTimes []time.Duration
+		i := 0
+		for b.Loop() {
+			i++
+			start := time.Now()
+			submitTx(ctx, b, d, checked, i)
+			mid := time.Now()
+			submitTx(ctx, b, d, unchecked, i)
+			checkedTimes, uncheckedTimes = append(checkedTimes, mid.Sub(start)), append(uncheckedTimes, time.Since(mid))
+		}
+		checkedMedian, uncheckedMedian := median(checkedTimes), median(uncheckedTimes)
+		b.ReportMetric(float64(checkedMedian.Microseconds()), "checks-p50-µs")
+		b.ReportMetric(float64(uncheckedMedian.Microseconds()), "no-checks-p50-µs")
+		b.ReportMetric(float64(checkedMedian)/float64(uncheckedMedian), "ratio")
+	})
+
 	loop := func(b *testing.B, client *outbox.Client[TTx]) {
 		b.Helper()
 		ctx := b.Context()
@@ -310,4 +334,32 @@ func benchmarkDo[TTx any](b *testing.B, d benchDriver[TTx]) {
 func median(times []time.Duration) time.Duration {
 	slices.Sort(times)
 	return times[len(times)/2]
+}
+
+// dropKeyChecks drops the CHECK constraints of schema's key table until b
+// ends, then adds them back as they were, so that the schema's cleanup still
+// finds every invariant enforced.
+func dropKeyChecks(b *testing.B, schema string) {
+	b.Helper()
+	table := ident.Quote(schema) + ".pgonce_key"
+	rows, err := pgoncetest.Pool(b).Query(b.Context(), `SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = $1::regclass AND contype = 'c'`, table)
+	require.NoError(b, err)
+	type check struct{ name, def string }
+	checks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (check, error) {
+		var c check
+		return c, row.Scan(&c.name, &c.def)
+	})
+	require.NoError(b, err)
+	require.NotEmpty(b, checks)
+	for _, c := range checks {
+		_, err := pgoncetest.Pool(b).Exec(b.Context(), `ALTER TABLE `+table+` DROP CONSTRAINT `+ident.Quote(c.name))
+		require.NoError(b, err)
+	}
+	b.Cleanup(func() {
+		for _, c := range checks {
+			_, err := pgoncetest.Pool(b).Exec(context.Background(), `ALTER TABLE `+table+` ADD CONSTRAINT `+ident.Quote(c.name)+` `+c.def)
+			require.NoError(b, err)
+		}
+	})
 }

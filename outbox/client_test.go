@@ -637,11 +637,8 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		_, err := bundle.client.Do(t.Context(), call, nil)
 		require.NoError(t, err)
 		calls := bundle.provider.calls.Load()
-		_, err = pgoncetest.Pool(t).Exec(t.Context(), `
-			UPDATE "`+bundle.schema+`".pgonce_key
-			SET state = 'expired', response = NULL, args = '', completed_at = $2,
-				expires_at = $2::timestamptz + interval '1 year'
-			WHERE key = $1`, string(key), completed)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(bundle.schema),
+			pgoncetest.StoredKey(t, string(key)), completed)
 		require.NoError(t, err)
 
 		_, err = bundle.client.Submit(t.Context(), call)

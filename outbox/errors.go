@@ -96,7 +96,9 @@ type KeyConflictError struct {
 	ExistingKey Key
 	// Fingerprint is the request's fingerprint (tool and canonical args).
 	Fingerprint string
-	// ExistingFingerprint is the fingerprint stored with ExistingKey.
+	// ExistingFingerprint is the fingerprint stored with ExistingKey. It is
+	// empty when ExistingKey is a step call's: such a key hashes its tool and
+	// arguments itself, and no fingerprint is stored beside it.
 	ExistingFingerprint string
 	// ExistingTool is the tool stored with ExistingKey.
 	ExistingTool string
@@ -104,6 +106,10 @@ type KeyConflictError struct {
 
 // Error describes the conflict.
 func (e *KeyConflictError) Error() string {
+	if e.ExistingFingerprint == "" {
+		return fmt.Sprintf("key conflict: request fingerprint %s, but %s already holds tool %q in the same scope",
+			e.Fingerprint, e.ExistingKey, e.ExistingTool)
+	}
 	return fmt.Sprintf("key conflict: request fingerprint %s, but %s already holds tool %q with fingerprint %s",
 		e.Fingerprint, e.ExistingKey, e.ExistingTool, e.ExistingFingerprint)
 }

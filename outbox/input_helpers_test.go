@@ -32,7 +32,8 @@ func needsReviewKey[TTx any](t *testing.T, client *outbox.Client[TTx], schema st
 	res, err := client.Submit(t.Context(), call)
 	require.NoError(t, err)
 	_, err = pgoncetest.Pool(t).Exec(t.Context(),
-		`UPDATE `+ident.Quote(schema)+`.pgonce_key SET state = 'needs_review', attempt = 1 WHERE key = $1`, string(res.Key))
+		`UPDATE `+ident.Quote(schema)+`.pgonce_key SET state = 'needs_review', attempt = 1, available_at = NULL WHERE key = $1`,
+		pgoncetest.StoredKey(t, string(res.Key)))
 	require.NoError(t, err)
 	return res.Key
 }

@@ -21,7 +21,8 @@ type Inspection struct {
 	Step        int64
 	BusinessKey string
 	NaturalID   string
-	// Fingerprint hashes the tool and the canonical arguments.
+	// Fingerprint hashes the tool and the canonical arguments. It is empty
+	// for a tombstone of a step call, which keeps neither.
 	Fingerprint string
 	// ExpiresAt is when retention may prune the key, or zero.
 	ExpiresAt time.Time
@@ -74,6 +75,10 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 		}
 		if inspection.Args, err = c.store.Args(ctx, string(key)); err != nil {
 			return err
+		}
+		if inspection.Fingerprint == "" && inspection.Args != nil {
+			// A step call's fingerprint is not stored: its key covers it.
+			inspection.Fingerprint = fingerprint(row.Tool, inspection.Args)
 		}
 		queue, err := c.store.QueueEntry(ctx, string(key))
 		switch {

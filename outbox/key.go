@@ -181,9 +181,7 @@ func deriveCall(c Call, full bool) (derivation, error) {
 		sum = sha256.Sum256(f)
 		d.Scope = hex.EncodeToString(sum[:])
 
-		f = appendField(f[:0], tagFingerprint)
-		f = appendField(f, c.Tool)
-		f = appendField(f, args)
+		f = appendFingerprintFrame(f[:0], c.Tool, args)
 		sum = sha256.Sum256(f)
 		d.Fingerprint = hex.EncodeToString(sum[:])
 
@@ -248,4 +246,18 @@ func validToolName(name string) bool {
 		}
 	}
 	return true
+}
+
+// appendFingerprintFrame appends the frame a fingerprint hashes: the tool
+// and the canonical arguments.
+func appendFingerprintFrame(f []byte, tool string, args []byte) []byte {
+	f = appendField(f, tagFingerprint)
+	f = appendField(f, tool)
+	return appendField(f, args)
+}
+
+// fingerprint returns the fingerprint of a call of tool with canonical args.
+func fingerprint(tool string, args []byte) string {
+	sum := sha256.Sum256(appendFingerprintFrame(nil, tool, args))
+	return hex.EncodeToString(sum[:])
 }

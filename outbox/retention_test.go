@@ -293,10 +293,7 @@ func TestDuplicateRacingPruneNeverRunsAgain(t *testing.T) {
 	pruner, err := pgoncetest.Pool(t).Begin(t.Context())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pruner.Rollback(context.Background()) })
-	_, err = pruner.Exec(t.Context(), `
-		UPDATE "`+schema+`".pgonce_key
-		SET state = 'expired', response = NULL, args = '', expires_at = now() + interval '1 year'
-		WHERE key = $1`, string(done.Key))
+	_, err = pruner.Exec(t.Context(), pgoncetest.TombstoneStatement(schema), pgoncetest.StoredKey(t, string(done.Key)), nil)
 	require.NoError(t, err)
 
 	type outcome struct {

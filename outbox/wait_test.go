@@ -209,8 +209,7 @@ func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
 		require.NoError(t, err)
-		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+schema+`".pgonce_key
-			SET state = 'expired', response = NULL, args = '' WHERE key = $1`, string(done.Key))
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(schema), pgoncetest.StoredKey(t, string(done.Key)), nil)
 		require.NoError(t, err)
 
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

@@ -28,15 +28,15 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
     created_at,
     updated_at
 ) VALUES (
-    @key::text,
-    @scope::text,
-    @tenant::text,
-    @run_id::text,
+    @key::bytea,
+    @scope::bytea,
+    nullif(@tenant::text, ''),
+    nullif(@run_id::text, ''),
     @step::bigint,
-    @business_key::text,
+    nullif(@business_key::text, ''),
     @tool::text,
-    @natural_id::text,
-    @fingerprint::text,
+    nullif(@natural_id::text, ''),
+    sqlc.narg('fingerprint')::bytea,
     @args::bytea,
     CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN 0 ELSE 1 END,
     coalesce(sqlc.narg('now')::timestamptz, now()),
@@ -64,29 +64,30 @@ RETURNING
 SELECT
     pgonce_key.key,
     pgonce_key.scope,
-    pgonce_key.tenant,
-    pgonce_key.run_id,
-    pgonce_key.step,
-    pgonce_key.business_key,
-    pgonce_key.tool,
-    pgonce_key.natural_id,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    coalesce(pgonce_key.natural_id, '')::text AS natural_id,
     pgonce_key.fingerprint,
-    pgonce_key.state,
+    pgonce_key.state::text AS state,
     pgonce_key.attempt,
     pgonce_key.response,
     pgonce_key.failure,
     pgonce_key.created_at,
-    pgonce_key.updated_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.forget_at,
     pgonce_key.last_error,
-    pgonce_key.available_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = @key::text
-    OR pgonce_key.scope = @scope::text
-ORDER BY pgonce_key.key = @key::text DESC
+WHERE pgonce_key.key = @key::bytea
+    OR pgonce_key.scope = @scope::bytea
+ORDER BY pgonce_key.key = @key::bytea DESC
 LIMIT 1;
 
 -- name: KeyGet :one
@@ -96,36 +97,38 @@ LIMIT 1;
 SELECT
     pgonce_key.key,
     pgonce_key.scope,
-    pgonce_key.tenant,
-    pgonce_key.run_id,
-    pgonce_key.step,
-    pgonce_key.business_key,
-    pgonce_key.tool,
-    pgonce_key.natural_id,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    coalesce(pgonce_key.natural_id, '')::text AS natural_id,
     pgonce_key.fingerprint,
-    pgonce_key.state,
+    pgonce_key.state::text AS state,
     pgonce_key.attempt,
     pgonce_key.response,
     pgonce_key.failure,
     pgonce_key.created_at,
-    pgonce_key.updated_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.forget_at,
     pgonce_key.last_error,
-    pgonce_key.available_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = @key::text;
+WHERE pgonce_key.key = @key::bytea;
 
 -- name: KeyExpire :one
 -- KeyExpire turns up to max_rows finished keys past their retention into
--- tombstones, in place: the response, failure and arguments go; the key,
--- scope, identity and completion time stay, and so do the unique index
--- entries, so that a concurrent or late duplicate conflicts with the
--- tombstone and never runs. The tombstone lasts until the forget_at fixed
--- when the key finished. Only succeeded and failed keys have an expiry;
--- pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
+-- compact tombstones, in place: only what a late duplicate needs stays (key,
+-- scope, fingerprint, completion and forget times), and so do the index
+-- entries on key and scope, so that a concurrent or late duplicate conflicts
+-- with the tombstone and never runs. The key's operator decisions go with
+-- its call. The tombstone lasts until the forget_at fixed when the key
+-- finished. Only succeeded and failed keys have an expiry; pending,
+-- in-flight and needs-review keys are never touched. SKIP LOCKED lets
 -- pruning run beside anything else without waiting, and small batches keep
 -- locks short.
 WITH due AS (
@@ -141,15 +144,27 @@ expired AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = 'expired',
+        tenant = NULL,
+        run_id = NULL,
+        step = NULL,
+        business_key = NULL,
+        tool = NULL,
+        natural_id = NULL,
+        args = NULL,
         response = NULL,
         failure = NULL,
-        args = ''::bytea,
         last_error = NULL,
-        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
-        expires_at = greatest(pgonce_key.forget_at, coalesce(sqlc.narg('now')::timestamptz, now()))
+        first_attempted_at = NULL,
+        expires_at = NULL,
+        forget_at = greatest(pgonce_key.forget_at, coalesce(sqlc.narg('now')::timestamptz, now()))
     FROM due
     WHERE pgonce_key.key = due.key
     RETURNING pgonce_key.key
+),
+decisions AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_resolution
+    USING expired
+    WHERE pgonce_resolution.key = expired.key
 )
 SELECT count(*)::bigint AS expired
 FROM expired;
@@ -160,9 +175,9 @@ FROM expired;
 WITH due AS (
     SELECT pgonce_key.key
     FROM /* TEMPLATE: schema */pgonce_key
-    WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+    WHERE pgonce_key.forget_at < coalesce(sqlc.narg('now')::timestamptz, now())
         AND pgonce_key.state = 'expired'
-    ORDER BY pgonce_key.expires_at
+    ORDER BY pgonce_key.forget_at
     LIMIT @max_rows::integer
     FOR UPDATE SKIP LOCKED
 ),
@@ -184,18 +199,19 @@ WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
 -- name: KeyCountForgettable :one
 SELECT count(*)::bigint AS forgettable
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE pgonce_key.forget_at < coalesce(sqlc.narg('now')::timestamptz, now())
     AND pgonce_key.state = 'expired';
 
 -- name: KeyCountByToolAndState :many
 -- KeyCountByToolAndState counts keys per tool and state, for operators. It
 -- reads the whole key table.
+-- A tombstone keeps no tool: tombstones count under the empty tool.
 SELECT
-    pgonce_key.tool,
+    coalesce(pgonce_key.tool, '')::text AS tool,
     (CASE
         WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN 'in_flight'
         WHEN pgonce_key.state = 'open' THEN 'pending'
-        ELSE pgonce_key.state
+        ELSE pgonce_key.state::text
     END)::text AS state,
     count(*)::bigint AS keys
 FROM /* TEMPLATE: schema */pgonce_key
@@ -205,4 +221,4 @@ ORDER BY 1, 2;
 -- name: KeyGetArgs :one
 SELECT pgonce_key.args
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = @key::text;
+WHERE pgonce_key.key = @key::bytea;

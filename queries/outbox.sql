@@ -50,12 +50,12 @@ claimed AS (
 )
 SELECT
     claimed.key,
-    claimed.tool,
+    coalesce(claimed.tool, '')::text AS tool,
     claimed.attempt,
     claimed.ambiguous,
     claimed.first_attempted_at::timestamptz AS first_attempted_at,
     claimed.lease_until::timestamptz AS lease_until,
-    claimed.natural_id,
+    coalesce(claimed.natural_id, '')::text AS natural_id,
     claimed.args,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
@@ -73,7 +73,7 @@ SET
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
     worker = @worker::text,
     first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now())
-WHERE pgonce_key.key = @key::text
+WHERE pgonce_key.key = @key::bytea
     AND pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
 RETURNING
@@ -90,7 +90,7 @@ RETURNING
 -- that the next one reads before it writes.
 WITH released AS (
     SELECT
-        unnest(@key::text[]) AS key,
+        unnest(@key::bytea[]) AS key,
         unnest(@attempt::integer[]) AS attempt,
         unnest(@delay_ms::bigint[]) AS delay_ms,
         unnest(@ambiguous::boolean[]) AS ambiguous,
@@ -132,7 +132,7 @@ FROM updated;
 -- start the retention of the key; needs_review keeps the key without one.
 WITH outcome AS (
     SELECT
-        unnest(@key::text[]) AS key,
+        unnest(@key::bytea[]) AS key,
         unnest(@attempt::integer[]) AS attempt,
         unnest(@state::text[]) AS state,
         unnest(@response::bytea[]) AS response,
@@ -143,13 +143,18 @@ WITH outcome AS (
 updated AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
-        state = outcome.state,
+        state = outcome.state::/* TEMPLATE: schema */pgonce_state,
         response = outcome.response,
         failure = outcome.failure,
         lease_until = NULL,
         worker = NULL,
         last_error = nullif(outcome.last_error, ''),
-        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        available_at = NULL,
+        -- A finished key last changed when it completed; a key that went
+        -- to review changed now.
+        updated_at = CASE
+            WHEN outcome.state = 'needs_review' THEN coalesce(sqlc.narg('now')::timestamptz, now())
+        END,
         completed_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce(sqlc.narg('now')::timestamptz, now())
         END,
@@ -168,11 +173,11 @@ updated AS (
         AND pgonce_key.lease_until IS NOT NULL
     RETURNING pgonce_key.key
 ),
--- One notification carries up to 100 comma-separated keys, well within the
--- 8000-byte payload limit: a notification per key would make a batch pay
--- for each.
+-- One notification carries up to 100 comma-separated keys in their text
+-- form (k1_<hex>), well within the 8000-byte payload limit: a notification
+-- per key would make a batch pay for each.
 notified AS (
-    SELECT pg_notify(@channel::text, string_agg(numbered.key, ','))
+    SELECT pg_notify(@channel::text, string_agg('k1_' || encode(numbered.key, 'hex'), ','))
     FROM (
         SELECT
             updated.key,
@@ -191,7 +196,7 @@ FROM updated;
 -- OutboxCountUnserved counts pending keys, per tool, of tools outside the
 -- given list that have waited longer than the given age: work nobody serves.
 SELECT
-    pgonce_key.tool,
+    coalesce(pgonce_key.tool, '')::text AS tool,
     count(*)::bigint AS waiting,
     min(pgonce_key.created_at)::timestamptz AS oldest
 FROM /* TEMPLATE: schema */pgonce_key
@@ -237,10 +242,10 @@ reclaimed AS (
 )
 SELECT
     reclaimed.key,
-    reclaimed.tool,
+    coalesce(reclaimed.tool, '')::text AS tool,
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
-    reclaimed.natural_id,
+    coalesce(reclaimed.natural_id, '')::text AS natural_id,
     reclaimed.args,
     -- now is the database's clock at the reclaim, as in OutboxClaimBatch.
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
@@ -251,7 +256,7 @@ ORDER BY reclaimed.key;
 -- OutboxCountExpired counts, per tool, in-flight keys past lease and grace
 -- of tools outside the given list: keys the reconciler skips.
 SELECT
-    pgonce_key.tool,
+    coalesce(pgonce_key.tool, '')::text AS tool,
     count(*)::bigint AS expired
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.lease_until IS NOT NULL
@@ -278,14 +283,14 @@ WHERE pgonce_key.state = 'open'
 -- OutboxGet reads the queue fields of an open key.
 SELECT
     pgonce_key.attempt,
-    pgonce_key.available_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
     pgonce_key.worker,
     pgonce_key.first_attempted_at,
     pgonce_key.ambiguous,
     pgonce_key.last_error
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = @key::text
+WHERE pgonce_key.key = @key::bytea
     AND pgonce_key.state = 'open';
 
 -- name: OutboxStats :one
@@ -328,7 +333,7 @@ SELECT
 -- the lost statement wrote.
 WITH given AS (
     SELECT
-        unnest(@key::text[]) AS key,
+        unnest(@key::bytea[]) AS key,
         unnest(@attempt::integer[]) AS attempt
 )
 SELECT pgonce_key.key

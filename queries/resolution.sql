@@ -10,18 +10,20 @@ WITH target AS (
         pgonce_key.tool,
         pgonce_key.attempt
     FROM /* TEMPLATE: schema */pgonce_key
-    WHERE pgonce_key.key = @key::text
+    WHERE pgonce_key.key = @key::bytea
         AND pgonce_key.state = 'needs_review'
     FOR UPDATE
 ),
 updated AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
-        state = CASE WHEN @action::text = 'retry' THEN 'open' ELSE @action::text END,
+        state = (CASE WHEN @action::text = 'retry' THEN 'open' ELSE @action::text END)::/* TEMPLATE: schema */pgonce_state,
         response = sqlc.narg('response')::bytea,
         failure = sqlc.narg('failure')::bytea,
-        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
-        available_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        -- A retried key is open again, due now; a decided one last changed
+        -- when it completed.
+        updated_at = CASE WHEN @action::text = 'retry' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
+        available_at = CASE WHEN @action::text = 'retry' THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
         ambiguous = false,
         first_attempted_at = NULL,
         completed_at = CASE
@@ -61,7 +63,7 @@ recorded AS (
     RETURNING pgonce_resolution.id
 ),
 notified AS (
-    SELECT pg_notify(@channel::text, updated.key)
+    SELECT pg_notify(@channel::text, 'k1_' || encode(updated.key, 'hex'))
     FROM updated
     WHERE @channel::text <> ''
 )
@@ -79,5 +81,5 @@ SELECT
     pgonce_resolution.reason,
     pgonce_resolution.resolved_at
 FROM /* TEMPLATE: schema */pgonce_resolution
-WHERE pgonce_resolution.key = @key::text
+WHERE pgonce_resolution.key = @key::bytea
 ORDER BY pgonce_resolution.resolved_at, pgonce_resolution.id;

@@ -293,7 +293,7 @@ func TestInspect(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		key := f.succeeded(t, "refund", response)
-		f.exec(t, `UPDATE pgonce_key SET expires_at = now() - interval '1 second' WHERE key = $1`, key)
+		f.exec(t, `UPDATE pgonce_key SET expires_at = now() - interval '1 second' WHERE key = $1`, pgoncetest.StoredKey(t, string(key)))
 		require.Equal(t, exitOK, pgonce(t, "--schema", f.schema, "prune").code)
 		res := pgonce(t, "--schema", f.schema, "inspect", string(key))
 		require.Equal(t, exitOK, res.code, res.stderr)
@@ -392,7 +392,7 @@ func TestPrune(t *testing.T) {
 	f := newFixture(t)
 	expired := f.succeeded(t, "refund", `{}`)
 	kept := f.succeeded(t, "refund", `{}`)
-	f.exec(t, `UPDATE pgonce_key SET expires_at = now() - interval '1 second' WHERE key = $1`, expired)
+	f.exec(t, `UPDATE pgonce_key SET expires_at = now() - interval '1 second' WHERE key = $1`, pgoncetest.StoredKey(t, string(expired)))
 
 	res := pgonce(t, "--schema", f.schema, "prune", "--dry-run", "--json")
 	require.Equal(t, exitOK, res.code, res.stderr)

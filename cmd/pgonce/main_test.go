@@ -141,7 +141,7 @@ func (f *fixture) pending(t *testing.T, tool string) outbox.Key {
 	t.Helper()
 	res, err := f.client.Submit(t.Context(), f.call(tool))
 	require.NoError(t, err)
-	f.exec(t, `UPDATE pgonce_key SET available_at = now() - interval '1 hour' WHERE key = $1`, res.Key)
+	f.exec(t, `UPDATE pgonce_key SET available_at = now() - interval '1 hour' WHERE key = $1`, pgoncetest.StoredKey(t, string(res.Key)))
 	return res.Key
 }
 
@@ -152,7 +152,7 @@ func (f *fixture) crashed(t *testing.T, tool string) outbox.Key {
 	res, err := f.client.Submit(t.Context(), f.call(tool))
 	require.NoError(t, err)
 	f.exec(t, `UPDATE pgonce_key SET attempt = attempt + 1, worker = 'crashed',
-		lease_until = now() - interval '1 hour', first_attempted_at = now() - interval '2 hours' WHERE key = $1`, res.Key)
+		lease_until = now() - interval '1 hour', first_attempted_at = now() - interval '2 hours' WHERE key = $1`, pgoncetest.StoredKey(t, string(res.Key)))
 	return res.Key
 }
 

@@ -53,8 +53,8 @@ func (b *testBundle) inFlight(t *testing.T, n int) []Outcome {
 	for i := range n {
 		key := fmt.Sprintf("k1_%064d", i)
 		_, err := b.store.Executor().KeyInsert(t.Context(), &store.NewKey{
-			Key: key, Scope: fmt.Sprintf("s_%d", i), RunID: "run", Step: int64(i), Tool: "refund",
-			Fingerprint: "f", Args: []byte(`{}`), Lease: time.Minute, Worker: "test",
+			Key: key, Scope: fmt.Sprintf("%064x", i), RunID: "run", Step: int64(i), Tool: "refund",
+			Args: []byte(`{}`), Lease: time.Minute, Worker: "test",
 		})
 		require.NoError(t, err)
 		outcomes = append(outcomes, Outcome{Key: key, Attempt: 1, Kind: Succeeded, Response: json.RawMessage(`{}`), Retention: time.Hour})
@@ -76,7 +76,7 @@ func TestRecordReadsBackWhatALostReplyWrote(t *testing.T) {
 
 	// Two keys in flight under attempt 1; the second is then taken over.
 	outcomes := bundle.inFlight(t, 2)
-	_, err := pgoncetest.Pool(t).Exec(ctx, `UPDATE "`+bundle.schema+`".pgonce_key SET attempt = 2 WHERE key = $1`, outcomes[1].Key)
+	_, err := pgoncetest.Pool(t).Exec(ctx, `UPDATE "`+bundle.schema+`".pgonce_key SET attempt = 2 WHERE key = $1`, pgoncetest.StoredKey(t, outcomes[1].Key))
 	require.NoError(t, err)
 
 	// The first try runs, but its reply is lost on the way back; the second
@@ -140,13 +140,13 @@ func rejectOutcome(t *testing.T, schema string, key string, sqlState string) {
 	_, err := pgoncetest.Pool(t).Exec(t.Context(), fmt.Sprintf(`
 		CREATE FUNCTION %[1]s.reject_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF NEW.key = '%[2]s' AND NEW.state <> 'needs_review' THEN
+			IF NEW.key = decode('%[2]s', 'hex') AND NEW.state <> 'needs_review' THEN
 				RAISE EXCEPTION 'value out of range' USING ERRCODE = '%[3]s';
 			END IF;
 			RETURN NEW;
 		END $$;
 		CREATE TRIGGER reject_outcome BEFORE UPDATE ON %[1]s.pgonce_key
-			FOR EACH ROW EXECUTE FUNCTION %[1]s.reject_outcome();`, `"`+schema+`"`, key, sqlState))
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.reject_outcome();`, `"`+schema+`"`, strings.TrimPrefix(key, "k1_"), sqlState))
 	require.NoError(t, err)
 }
 

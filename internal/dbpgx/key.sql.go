@@ -12,11 +12,11 @@ import (
 
 const keyCountByToolAndState = `-- name: KeyCountByToolAndState :many
 SELECT
-    pgonce_key.tool,
+    coalesce(pgonce_key.tool, '')::text AS tool,
     (CASE
         WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN 'in_flight'
         WHEN pgonce_key.state = 'open' THEN 'pending'
-        ELSE pgonce_key.state
+        ELSE pgonce_key.state::text
     END)::text AS state,
     count(*)::bigint AS keys
 FROM /* TEMPLATE: schema */pgonce_key
@@ -32,6 +32,7 @@ type KeyCountByToolAndStateRow struct {
 
 // KeyCountByToolAndState counts keys per tool and state, for operators. It
 // reads the whole key table.
+// A tombstone keeps no tool: tombstones count under the empty tool.
 func (q *Queries) KeyCountByToolAndState(ctx context.Context, db DBTX) ([]*KeyCountByToolAndStateRow, error) {
 	rows, err := db.Query(ctx, keyCountByToolAndState)
 	if err != nil {
@@ -73,7 +74,7 @@ func (q *Queries) KeyCountExpirable(ctx context.Context, db DBTX, arg *KeyCountE
 const keyCountForgettable = `-- name: KeyCountForgettable :one
 SELECT count(*)::bigint AS forgettable
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+WHERE pgonce_key.forget_at < coalesce($1::timestamptz, now())
     AND pgonce_key.state = 'expired'
 `
 
@@ -102,15 +103,27 @@ expired AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = 'expired',
+        tenant = NULL,
+        run_id = NULL,
+        step = NULL,
+        business_key = NULL,
+        tool = NULL,
+        natural_id = NULL,
+        args = NULL,
         response = NULL,
         failure = NULL,
-        args = ''::bytea,
         last_error = NULL,
-        updated_at = coalesce($1::timestamptz, now()),
-        expires_at = greatest(pgonce_key.forget_at, coalesce($1::timestamptz, now()))
+        first_attempted_at = NULL,
+        expires_at = NULL,
+        forget_at = greatest(pgonce_key.forget_at, coalesce($1::timestamptz, now()))
     FROM due
     WHERE pgonce_key.key = due.key
     RETURNING pgonce_key.key
+),
+decisions AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_resolution
+    USING expired
+    WHERE pgonce_resolution.key = expired.key
 )
 SELECT count(*)::bigint AS expired
 FROM expired
@@ -122,12 +135,13 @@ type KeyExpireParams struct {
 }
 
 // KeyExpire turns up to max_rows finished keys past their retention into
-// tombstones, in place: the response, failure and arguments go; the key,
-// scope, identity and completion time stay, and so do the unique index
-// entries, so that a concurrent or late duplicate conflicts with the
-// tombstone and never runs. The tombstone lasts until the forget_at fixed
-// when the key finished. Only succeeded and failed keys have an expiry;
-// pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
+// compact tombstones, in place: only what a late duplicate needs stays (key,
+// scope, fingerprint, completion and forget times), and so do the index
+// entries on key and scope, so that a concurrent or late duplicate conflicts
+// with the tombstone and never runs. The key's operator decisions go with
+// its call. The tombstone lasts until the forget_at fixed when the key
+// finished. Only succeeded and failed keys have an expiry; pending,
+// in-flight and needs-review keys are never touched. SKIP LOCKED lets
 // pruning run beside anything else without waiting, and small batches keep
 // locks short.
 func (q *Queries) KeyExpire(ctx context.Context, db DBTX, arg *KeyExpireParams) (int64, error) {
@@ -141,9 +155,9 @@ const keyForget = `-- name: KeyForget :one
 WITH due AS (
     SELECT pgonce_key.key
     FROM /* TEMPLATE: schema */pgonce_key
-    WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
+    WHERE pgonce_key.forget_at < coalesce($1::timestamptz, now())
         AND pgonce_key.state = 'expired'
-    ORDER BY pgonce_key.expires_at
+    ORDER BY pgonce_key.forget_at
     LIMIT $2::integer
     FOR UPDATE SKIP LOCKED
 ),
@@ -175,44 +189,45 @@ const keyGet = `-- name: KeyGet :one
 SELECT
     pgonce_key.key,
     pgonce_key.scope,
-    pgonce_key.tenant,
-    pgonce_key.run_id,
-    pgonce_key.step,
-    pgonce_key.business_key,
-    pgonce_key.tool,
-    pgonce_key.natural_id,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    coalesce(pgonce_key.natural_id, '')::text AS natural_id,
     pgonce_key.fingerprint,
-    pgonce_key.state,
+    pgonce_key.state::text AS state,
     pgonce_key.attempt,
     pgonce_key.response,
     pgonce_key.failure,
     pgonce_key.created_at,
-    pgonce_key.updated_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.forget_at,
     pgonce_key.last_error,
-    pgonce_key.available_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = $2::text
+WHERE pgonce_key.key = $2::bytea
 `
 
 type KeyGetParams struct {
 	Now *time.Time
-	Key string
+	Key []byte
 }
 
 type KeyGetRow struct {
-	Key         string
-	Scope       string
+	Key         []byte
+	Scope       []byte
 	Tenant      string
 	RunID       string
 	Step        int64
 	BusinessKey string
 	Tool        string
 	NaturalID   string
-	Fingerprint string
+	Fingerprint []byte
 	State       string
 	Attempt     int32
 	Response    []byte
@@ -221,6 +236,7 @@ type KeyGetRow struct {
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
+	ForgetAt    *time.Time
 	LastError   *string
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
@@ -251,6 +267,7 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.UpdatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
+		&i.ForgetAt,
 		&i.LastError,
 		&i.AvailableAt,
 		&i.LeaseUntil,
@@ -262,11 +279,11 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 const keyGetArgs = `-- name: KeyGetArgs :one
 SELECT pgonce_key.args
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = $1::text
+WHERE pgonce_key.key = $1::bytea
 `
 
 type KeyGetArgsParams struct {
-	Key string
+	Key []byte
 }
 
 func (q *Queries) KeyGetArgs(ctx context.Context, db DBTX, arg *KeyGetArgsParams) ([]byte, error) {
@@ -280,48 +297,49 @@ const keyGetByKeyOrScope = `-- name: KeyGetByKeyOrScope :one
 SELECT
     pgonce_key.key,
     pgonce_key.scope,
-    pgonce_key.tenant,
-    pgonce_key.run_id,
-    pgonce_key.step,
-    pgonce_key.business_key,
-    pgonce_key.tool,
-    pgonce_key.natural_id,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    coalesce(pgonce_key.natural_id, '')::text AS natural_id,
     pgonce_key.fingerprint,
-    pgonce_key.state,
+    pgonce_key.state::text AS state,
     pgonce_key.attempt,
     pgonce_key.response,
     pgonce_key.failure,
     pgonce_key.created_at,
-    pgonce_key.updated_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
     pgonce_key.completed_at,
     pgonce_key.expires_at,
+    pgonce_key.forget_at,
     pgonce_key.last_error,
-    pgonce_key.available_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = $2::text
-    OR pgonce_key.scope = $3::text
-ORDER BY pgonce_key.key = $2::text DESC
+WHERE pgonce_key.key = $2::bytea
+    OR pgonce_key.scope = $3::bytea
+ORDER BY pgonce_key.key = $2::bytea DESC
 LIMIT 1
 `
 
 type KeyGetByKeyOrScopeParams struct {
 	Now   *time.Time
-	Key   string
-	Scope string
+	Key   []byte
+	Scope []byte
 }
 
 type KeyGetByKeyOrScopeRow struct {
-	Key         string
-	Scope       string
+	Key         []byte
+	Scope       []byte
 	Tenant      string
 	RunID       string
 	Step        int64
 	BusinessKey string
 	Tool        string
 	NaturalID   string
-	Fingerprint string
+	Fingerprint []byte
 	State       string
 	Attempt     int32
 	Response    []byte
@@ -330,6 +348,7 @@ type KeyGetByKeyOrScopeRow struct {
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
+	ForgetAt    *time.Time
 	LastError   *string
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
@@ -359,6 +378,7 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 		&i.UpdatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
+		&i.ForgetAt,
 		&i.LastError,
 		&i.AvailableAt,
 		&i.LeaseUntil,
@@ -387,15 +407,15 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
     created_at,
     updated_at
 ) VALUES (
-    $1::text,
-    $2::text,
-    $3::text,
-    $4::text,
+    $1::bytea,
+    $2::bytea,
+    nullif($3::text, ''),
+    nullif($4::text, ''),
     $5::bigint,
-    $6::text,
+    nullif($6::text, ''),
     $7::text,
-    $8::text,
-    $9::text,
+    nullif($8::text, ''),
+    $9::bytea,
     $10::bytea,
     CASE WHEN $11::bigint IS NULL THEN 0 ELSE 1 END,
     coalesce($12::timestamptz, now()),
@@ -419,15 +439,15 @@ RETURNING
 `
 
 type KeyInsertParams struct {
-	Key         string
-	Scope       string
+	Key         []byte
+	Scope       []byte
 	Tenant      string
 	RunID       string
 	Step        int64
 	BusinessKey string
 	Tool        string
 	NaturalID   string
-	Fingerprint string
+	Fingerprint []byte
 	Args        []byte
 	LeaseMs     *int64
 	Now         *time.Time

@@ -5,42 +5,89 @@
 package dbpgx
 
 import (
+	"database/sql/driver"
+	"fmt"
 	"time"
 )
 
+type PgonceState string
+
+const (
+	PgonceStateOpen        PgonceState = "open"
+	PgonceStateSucceeded   PgonceState = "succeeded"
+	PgonceStateFailed      PgonceState = "failed"
+	PgonceStateNeedsReview PgonceState = "needs_review"
+	PgonceStateExpired     PgonceState = "expired"
+)
+
+func (e *PgonceState) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = PgonceState(s)
+	case string:
+		*e = PgonceState(s)
+	default:
+		return fmt.Errorf("unsupported scan type for PgonceState: %T", src)
+	}
+	return nil
+}
+
+type NullPgonceState struct {
+	PgonceState PgonceState
+	Valid       bool // Valid is true if PgonceState is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullPgonceState) Scan(value interface{}) error {
+	if value == nil {
+		ns.PgonceState, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.PgonceState.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullPgonceState) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.PgonceState), nil
+}
+
 type PgonceKey struct {
-	Key              string
-	Scope            string
-	Tenant           string
-	RunID            string
-	Step             int64
-	BusinessKey      string
-	Tool             string
-	NaturalID        string
-	Fingerprint      string
-	Args             []byte
-	State            string
-	Attempt          int32
-	AvailableAt      time.Time
-	LeaseUntil       *time.Time
-	Worker           *string
-	FirstAttemptedAt *time.Time
-	Ambiguous        bool
-	Response         []byte
-	Failure          []byte
-	LastError        *string
 	CreatedAt        time.Time
-	UpdatedAt        time.Time
+	AvailableAt      *time.Time
+	LeaseUntil       *time.Time
+	FirstAttemptedAt *time.Time
+	UpdatedAt        *time.Time
 	CompletedAt      *time.Time
 	ExpiresAt        *time.Time
 	ForgetAt         *time.Time
+	Step             *int64
+	Attempt          int32
+	State            PgonceState
+	Ambiguous        bool
+	Key              []byte
+	Scope            []byte
+	Fingerprint      []byte
+	Tenant           *string
+	RunID            *string
+	BusinessKey      *string
+	Tool             *string
+	NaturalID        *string
+	Worker           *string
+	Args             []byte
+	Response         []byte
+	Failure          []byte
+	LastError        *string
 }
 
 type PgonceResolution struct {
 	ID         int64
-	Key        string
+	ResolvedAt time.Time
+	Key        []byte
 	Action     string
 	ResolvedBy string
 	Reason     string
-	ResolvedAt time.Time
 }

@@ -52,12 +52,12 @@ claimed AS (
 )
 SELECT
     claimed.key,
-    claimed.tool,
+    coalesce(claimed.tool, '')::text AS tool,
     claimed.attempt,
     claimed.ambiguous,
     claimed.first_attempted_at::timestamptz AS first_attempted_at,
     claimed.lease_until::timestamptz AS lease_until,
-    claimed.natural_id,
+    coalesce(claimed.natural_id, '')::text AS natural_id,
     claimed.args,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
@@ -75,7 +75,7 @@ type OutboxClaimBatchParams struct {
 }
 
 type OutboxClaimBatchRow struct {
-	Key              string
+	Key              []byte
 	Tool             string
 	Attempt          int32
 	Ambiguous        bool
@@ -139,7 +139,7 @@ SET
     lease_until = coalesce($1::timestamptz, now()) + $2::bigint * interval '1 millisecond',
     worker = $3::text,
     first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now())
-WHERE pgonce_key.key = $4::text
+WHERE pgonce_key.key = $4::bytea
     AND pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
 RETURNING
@@ -154,7 +154,7 @@ type OutboxClaimKeyParams struct {
 	Now     *time.Time
 	LeaseMs int64
 	Worker  string
-	Key     string
+	Key     []byte
 }
 
 type OutboxClaimKeyRow struct {
@@ -188,7 +188,7 @@ func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimK
 
 const outboxCountExpired = `-- name: OutboxCountExpired :many
 SELECT
-    pgonce_key.tool,
+    coalesce(pgonce_key.tool, '')::text AS tool,
     count(*)::bigint AS expired
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.lease_until IS NOT NULL
@@ -265,7 +265,7 @@ func (q *Queries) OutboxCountStalePending(ctx context.Context, db DBTX, arg *Out
 
 const outboxCountUnserved = `-- name: OutboxCountUnserved :many
 SELECT
-    pgonce_key.tool,
+    coalesce(pgonce_key.tool, '')::text AS tool,
     count(*)::bigint AS waiting,
     min(pgonce_key.created_at)::timestamptz AS oldest
 FROM /* TEMPLATE: schema */pgonce_key
@@ -314,7 +314,7 @@ func (q *Queries) OutboxCountUnserved(ctx context.Context, db DBTX, arg *OutboxC
 const outboxFinish = `-- name: OutboxFinish :many
 WITH outcome AS (
     SELECT
-        unnest($1::text[]) AS key,
+        unnest($1::bytea[]) AS key,
         unnest($2::integer[]) AS attempt,
         unnest($3::text[]) AS state,
         unnest($4::bytea[]) AS response,
@@ -325,13 +325,18 @@ WITH outcome AS (
 updated AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
-        state = outcome.state,
+        state = outcome.state::/* TEMPLATE: schema */pgonce_state,
         response = outcome.response,
         failure = outcome.failure,
         lease_until = NULL,
         worker = NULL,
         last_error = nullif(outcome.last_error, ''),
-        updated_at = coalesce($8::timestamptz, now()),
+        available_at = NULL,
+        -- A finished key last changed when it completed; a key that went
+        -- to review changed now.
+        updated_at = CASE
+            WHEN outcome.state = 'needs_review' THEN coalesce($8::timestamptz, now())
+        END,
         completed_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($8::timestamptz, now())
         END,
@@ -351,7 +356,7 @@ updated AS (
     RETURNING pgonce_key.key
 ),
 notified AS (
-    SELECT pg_notify($10::text, string_agg(numbered.key, ','))
+    SELECT pg_notify($10::text, string_agg('k1_' || encode(numbered.key, 'hex'), ','))
     FROM (
         SELECT
             updated.key,
@@ -368,7 +373,7 @@ FROM updated
 `
 
 type OutboxFinishParams struct {
-	Key         []string
+	Key         [][]byte
 	Attempt     []int32
 	State       []string
 	Response    [][]byte
@@ -381,7 +386,7 @@ type OutboxFinishParams struct {
 }
 
 type OutboxFinishRow struct {
-	Key      string
+	Key      []byte
 	Notified int64
 }
 
@@ -391,9 +396,9 @@ type OutboxFinishRow struct {
 // written, so a late writer whose lease was taken over changes nothing.
 // Recording the outcome takes the key off the queue. Terminal outcomes
 // start the retention of the key; needs_review keeps the key without one.
-// One notification carries up to 100 comma-separated keys, well within the
-// 8000-byte payload limit: a notification per key would make a batch pay
-// for each.
+// One notification carries up to 100 comma-separated keys in their text
+// form (k1_<hex>), well within the 8000-byte payload limit: a notification
+// per key would make a batch pay for each.
 func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishParams) ([]*OutboxFinishRow, error) {
 	rows, err := db.Query(ctx, outboxFinish,
 		arg.Key,
@@ -428,19 +433,19 @@ func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishPa
 const outboxGet = `-- name: OutboxGet :one
 SELECT
     pgonce_key.attempt,
-    pgonce_key.available_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
     pgonce_key.worker,
     pgonce_key.first_attempted_at,
     pgonce_key.ambiguous,
     pgonce_key.last_error
 FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = $1::text
+WHERE pgonce_key.key = $1::bytea
     AND pgonce_key.state = 'open'
 `
 
 type OutboxGetParams struct {
-	Key string
+	Key []byte
 }
 
 type OutboxGetRow struct {
@@ -498,10 +503,10 @@ reclaimed AS (
 )
 SELECT
     reclaimed.key,
-    reclaimed.tool,
+    coalesce(reclaimed.tool, '')::text AS tool,
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
-    reclaimed.natural_id,
+    coalesce(reclaimed.natural_id, '')::text AS natural_id,
     reclaimed.args,
     -- now is the database's clock at the reclaim, as in OutboxClaimBatch.
     coalesce($1::timestamptz, now())::timestamptz AS now
@@ -519,7 +524,7 @@ type OutboxReclaimExpiredParams struct {
 }
 
 type OutboxReclaimExpiredRow struct {
-	Key              string
+	Key              []byte
 	Tool             string
 	Attempt          int32
 	FirstAttemptedAt time.Time
@@ -572,7 +577,7 @@ func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *Outbox
 const outboxRecordedAttempts = `-- name: OutboxRecordedAttempts :many
 WITH given AS (
     SELECT
-        unnest($1::text[]) AS key,
+        unnest($1::bytea[]) AS key,
         unnest($2::integer[]) AS attempt
 )
 SELECT pgonce_key.key
@@ -584,7 +589,7 @@ ORDER BY pgonce_key.key
 `
 
 type OutboxRecordedAttemptsParams struct {
-	Key     []string
+	Key     [][]byte
 	Attempt []int32
 }
 
@@ -594,15 +599,15 @@ type OutboxRecordedAttemptsParams struct {
 // A recorder whose statement ran but whose reply was lost (the connection
 // died on the way back) finds its retry writes nothing, and reads here what
 // the lost statement wrote.
-func (q *Queries) OutboxRecordedAttempts(ctx context.Context, db DBTX, arg *OutboxRecordedAttemptsParams) ([]string, error) {
+func (q *Queries) OutboxRecordedAttempts(ctx context.Context, db DBTX, arg *OutboxRecordedAttemptsParams) ([][]byte, error) {
 	rows, err := db.Query(ctx, outboxRecordedAttempts, arg.Key, arg.Attempt)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items [][]byte
 	for rows.Next() {
-		var key string
+		var key []byte
 		if err := rows.Scan(&key); err != nil {
 			return nil, err
 		}
@@ -617,7 +622,7 @@ func (q *Queries) OutboxRecordedAttempts(ctx context.Context, db DBTX, arg *Outb
 const outboxRelease = `-- name: OutboxRelease :many
 WITH released AS (
     SELECT
-        unnest($1::text[]) AS key,
+        unnest($1::bytea[]) AS key,
         unnest($2::integer[]) AS attempt,
         unnest($3::bigint[]) AS delay_ms,
         unnest($4::boolean[]) AS ambiguous,
@@ -652,7 +657,7 @@ FROM updated
 `
 
 type OutboxReleaseParams struct {
-	Key       []string
+	Key       [][]byte
 	Attempt   []int32
 	DelayMs   []int64
 	Ambiguous []bool
@@ -662,7 +667,7 @@ type OutboxReleaseParams struct {
 }
 
 type OutboxReleaseRow struct {
-	Key      string
+	Key      []byte
 	Notified int64
 }
 

@@ -17,18 +17,20 @@ WITH target AS (
         pgonce_key.tool,
         pgonce_key.attempt
     FROM /* TEMPLATE: schema */pgonce_key
-    WHERE pgonce_key.key = $2::text
+    WHERE pgonce_key.key = $2::bytea
         AND pgonce_key.state = 'needs_review'
     FOR UPDATE
 ),
 updated AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
-        state = CASE WHEN $1::text = 'retry' THEN 'open' ELSE $1::text END,
+        state = (CASE WHEN $1::text = 'retry' THEN 'open' ELSE $1::text END)::/* TEMPLATE: schema */pgonce_state,
         response = $3::bytea,
         failure = $4::bytea,
-        updated_at = coalesce($5::timestamptz, now()),
-        available_at = coalesce($5::timestamptz, now()),
+        -- A retried key is open again, due now; a decided one last changed
+        -- when it completed.
+        updated_at = CASE WHEN $1::text = 'retry' THEN coalesce($5::timestamptz, now()) END,
+        available_at = CASE WHEN $1::text = 'retry' THEN coalesce($5::timestamptz, now()) END,
         ambiguous = false,
         first_attempted_at = NULL,
         completed_at = CASE
@@ -68,7 +70,7 @@ recorded AS (
     RETURNING pgonce_resolution.id
 ),
 notified AS (
-    SELECT pg_notify($10::text, updated.key)
+    SELECT pg_notify($10::text, 'k1_' || encode(updated.key, 'hex'))
     FROM updated
     WHERE $10::text <> ''
 )
@@ -82,7 +84,7 @@ FROM updated
 
 type KeyResolveParams struct {
 	Action      string
-	Key         string
+	Key         []byte
 	Response    []byte
 	Failure     []byte
 	Now         *time.Time
@@ -94,7 +96,7 @@ type KeyResolveParams struct {
 }
 
 type KeyResolveRow struct {
-	Key      string
+	Key      []byte
 	Queued   int64
 	Recorded int64
 	Notified int64
@@ -135,12 +137,12 @@ SELECT
     pgonce_resolution.reason,
     pgonce_resolution.resolved_at
 FROM /* TEMPLATE: schema */pgonce_resolution
-WHERE pgonce_resolution.key = $1::text
+WHERE pgonce_resolution.key = $1::bytea
 ORDER BY pgonce_resolution.resolved_at, pgonce_resolution.id
 `
 
 type ResolutionListByKeyParams struct {
-	Key string
+	Key []byte
 }
 
 type ResolutionListByKeyRow struct {

@@ -65,7 +65,7 @@ func TestCheckerCatches(t *testing.T) {
 		t.Parallel()
 		b := healthy(t)
 		exec(t, b, `UPDATE `+ident.Quote(b.schema)+`.pgonce_key SET response = response || ' '::bytea
-			WHERE key = (SELECT min(key) FROM `+ident.Quote(b.schema)+`.pgonce_key WHERE state = 'succeeded')`)
+			WHERE key = (SELECT key FROM `+ident.Quote(b.schema)+`.pgonce_key WHERE state = 'succeeded' ORDER BY key LIMIT 1)`)
 		report := check(t, b)
 		require.Equal(t, 1, report.Mismatched)
 	})
@@ -74,7 +74,7 @@ func TestCheckerCatches(t *testing.T) {
 		t.Parallel()
 		b := healthy(t)
 		exec(t, b, `DELETE FROM `+ident.Quote(b.schema)+`.pgonce_key
-			WHERE key = (SELECT min(key) FROM `+ident.Quote(b.schema)+`.pgonce_key)`)
+			WHERE key = (SELECT key FROM `+ident.Quote(b.schema)+`.pgonce_key ORDER BY key LIMIT 1)`)
 		report := check(t, b)
 		require.Equal(t, 1, report.Lost)
 	})
@@ -112,8 +112,9 @@ func TestCheckerCatches(t *testing.T) {
 		t.Parallel()
 		b := healthy(t)
 		exec(t, b, `UPDATE `+ident.Quote(b.schema)+`.pgonce_key
-			SET state = 'open', response = NULL, completed_at = NULL, expires_at = NULL, available_at = now() + interval '1 hour'
-			WHERE key = (SELECT min(key) FROM `+ident.Quote(b.schema)+`.pgonce_key WHERE state = 'succeeded')`)
+			SET state = 'open', response = NULL, completed_at = NULL, expires_at = NULL, forget_at = NULL,
+				available_at = now() + interval '1 hour', updated_at = now()
+			WHERE key = (SELECT key FROM `+ident.Quote(b.schema)+`.pgonce_key WHERE state = 'succeeded' ORDER BY key LIMIT 1)`)
 		report := check(t, b)
 		require.Equal(t, 1, report.Unfinished)
 	})
@@ -124,9 +125,9 @@ func TestCheckerCatches(t *testing.T) {
 		// An at-most-once call whose provider answered a live worker, put in
 		// review as if the answer had been lost.
 		exec(t, b, `UPDATE `+ident.Quote(b.schema)+`.pgonce_key
-			SET state = 'needs_review', response = NULL, completed_at = NULL, expires_at = NULL
-			WHERE key = (SELECT min(key) FROM `+ident.Quote(b.schema)+`.pgonce_key
-				WHERE state = 'succeeded' AND tool = $1)`, faults.ToolOnce)
+			SET state = 'needs_review', response = NULL, completed_at = NULL, expires_at = NULL, forget_at = NULL, updated_at = now()
+			WHERE key = (SELECT key FROM `+ident.Quote(b.schema)+`.pgonce_key
+				WHERE state = 'succeeded' AND tool = $1 ORDER BY key LIMIT 1)`, faults.ToolOnce)
 		report := check(t, b)
 		require.Equal(t, 1, report.Dropped)
 	})

@@ -237,7 +237,7 @@ type ledgerFacts struct {
 func Check(ctx context.Context, pool *pgxpool.Pool, schema string, client *outbox.Client[pgx.Tx], h *History, opts CheckOpts) (*Report, error) {
 	s := ident.Quote(schema)
 	keys := map[string]keyRow{}
-	rows, err := pool.Query(ctx, `SELECT key, state, response, coalesce(last_error, ''), attempt FROM `+s+`.pgonce_key`)
+	rows, err := pool.Query(ctx, `SELECT 'k1_' || encode(key, 'hex'), state::text, response, coalesce(last_error, ''), attempt FROM `+s+`.pgonce_key`)
 	if err != nil {
 		return nil, fmt.Errorf("read keys: %w", err)
 	}

@@ -350,7 +350,7 @@ func AwaitTerminal(ctx context.Context, pool *pgxpool.Pool, schema string, keys 
 	open := -1
 	for {
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+ident.Quote(schema)+`.pgonce_key
-			WHERE state = 'open' AND key = ANY($1)`, list).Scan(&open)
+			WHERE state = 'open' AND key IN (SELECT decode(substr(k, 4), 'hex') FROM unnest($1::text[]) AS k)`, list).Scan(&open)
 		if err == nil && open == 0 {
 			return 0, nil
 		}

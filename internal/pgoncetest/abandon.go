@@ -16,17 +16,17 @@ func AbandonKeys[K ~string](tb testing.TB, schema string, leaseAgo time.Duration
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	texts := make([]string, len(keys))
+	digests := make([][]byte, len(keys))
 	for i, key := range keys {
-		texts[i] = string(key)
+		digests[i] = StoredKey(tb, string(key))
 	}
 	tag, err := Pool(tb).Exec(ctx, `
 		UPDATE `+ident.Quote(schema)+`.pgonce_key
 		SET attempt = 1, worker = 'dead-worker',
 			lease_until = now() - $2::bigint * interval '1 microsecond',
 			first_attempted_at = now() - $2::bigint * interval '1 microsecond' - interval '1 minute'
-		WHERE key = ANY($1::text[]) AND state = 'open' AND lease_until IS NULL`,
-		texts, leaseAgo.Microseconds())
+		WHERE key = ANY($1::bytea[]) AND state = 'open' AND lease_until IS NULL`,
+		digests, leaseAgo.Microseconds())
 	if err != nil {
 		tb.Fatalf("abandon keys in %s: %v", schema, err)
 	}

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,33 +103,56 @@ func Schema(tb testing.TB) string {
 	return schema
 }
 
-// keyInvariants is what every pgonce_key row satisfies, whatever happened
-// to it: the migration states it, the statements in queries/ keep it, and no
-// CHECK constraint enforces it (each would cost every submit).
-const keyInvariants = `
-	state IN ('open', 'succeeded', 'failed', 'needs_review', 'expired')
-	AND (state = 'succeeded') = (response IS NOT NULL)
-	AND (state = 'failed') = (failure IS NOT NULL)
-	AND (state IN ('succeeded', 'failed', 'expired')) = (completed_at IS NOT NULL)
-	AND (state IN ('succeeded', 'failed', 'expired')) = (expires_at IS NOT NULL)
-	AND (lease_until IS NULL) = (worker IS NULL)
-	AND (lease_until IS NULL OR state = 'open')
-	AND attempt >= 0
-	AND (lease_until IS NULL OR attempt > 0)`
+// keyConstraints names the CHECK constraints of pgonce_key: the row
+// invariants the migration states and the database enforces.
+var keyConstraints = []string{
+	"pgonce_key_available_check",
+	"pgonce_key_call_check",
+	"pgonce_key_completed_check",
+	"pgonce_key_digests_check",
+	"pgonce_key_failure_check",
+	"pgonce_key_lease_check",
+	"pgonce_key_response_check",
+	"pgonce_key_retention_check",
+	"pgonce_key_updated_check",
+}
 
-// RequireKeyInvariants fails tb if a key row of schema breaks the store's
-// invariants, and names up to ten such rows.
+// RequireKeyInvariants fails tb unless every row invariant of pgonce_key in
+// schema is a validated CHECK constraint, and every row satisfies them (a
+// row written before a constraint was dropped and added back NOT VALID
+// would not). It names up to ten broken rows.
 func RequireKeyInvariants(tb testing.TB, schema string) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rows, err := shared.pool.Query(ctx, `SELECT key || ' (' || state || ')' FROM `+ident.Quote(schema)+
-		`.pgonce_key WHERE NOT (`+keyInvariants+`) ORDER BY key LIMIT 10`)
+	table := ident.Quote(schema) + ".pgonce_key"
+	rows, err := shared.pool.Query(ctx, `SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = $1::regclass AND contype = 'c' AND convalidated ORDER BY conname`, table)
 	if err != nil {
-		tb.Errorf("check key invariants in %s: %v", schema, err)
+		tb.Errorf("read key constraints in %s: %v", schema, err)
 		return
 	}
-	broken, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var names, checks []string
+	defer rows.Close()
+	for rows.Next() {
+		var name, def string
+		if err := rows.Scan(&name, &def); err != nil {
+			tb.Errorf("read key constraints in %s: %v", schema, err)
+			return
+		}
+		names = append(names, name)
+		checks = append(checks, strings.TrimPrefix(def, "CHECK "))
+	}
+	if err := rows.Err(); err != nil {
+		tb.Errorf("read key constraints in %s: %v", schema, err)
+		return
+	}
+	if !slices.Equal(names, keyConstraints) {
+		tb.Errorf("validated CHECK constraints of %s: %v, want %v", table, names, keyConstraints)
+		return
+	}
+	broken, err := queryStrings(ctx, `SELECT encode(key, 'hex') || ' (' || state || ')' FROM `+table+
+		` WHERE NOT (`+strings.Join(checks, " AND ")+`) ORDER BY key LIMIT 10`)
 	if err != nil {
 		tb.Errorf("check key invariants in %s: %v", schema, err)
 		return
@@ -135,6 +160,14 @@ func RequireKeyInvariants(tb testing.TB, schema string) {
 	if len(broken) > 0 {
 		tb.Errorf("key rows in %s break the store's invariants: %v", schema, broken)
 	}
+}
+
+func queryStrings(ctx context.Context, query string) ([]string, error) {
+	rows, err := shared.pool.Query(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // NewSchemaName returns a fresh schema name that no other test uses. The
@@ -304,4 +337,29 @@ func WorkNotifications(tb testing.TB, schema string, fn func()) int {
 		}
 		count++
 	}
+}
+
+// StoredKey returns a key's stored form, the 32-byte digest that its text
+// form k1_<hex> spells, for tests that read or edit pgonce_key by hand.
+func StoredKey(tb testing.TB, key string) []byte {
+	tb.Helper()
+	digest, err := hex.DecodeString(strings.TrimPrefix(key, "k1_"))
+	if err != nil || len(digest) != 32 || !strings.HasPrefix(key, "k1_") {
+		tb.Fatalf("%q is not a well-formed key", key)
+	}
+	return digest
+}
+
+// TombstoneStatement returns an UPDATE that turns the finished key $1 (its
+// stored form, see StoredKey) of schema into a tombstone, as retention
+// would: completed at $2 (a timestamptz; NULL keeps the key's own
+// completion time) and forgotten a year after that.
+func TombstoneStatement(schema string) string {
+	return `UPDATE ` + ident.Quote(schema) + `.pgonce_key SET
+		state = 'expired', tenant = NULL, run_id = NULL, step = NULL, business_key = NULL, tool = NULL,
+		natural_id = NULL, args = NULL, response = NULL, failure = NULL, last_error = NULL,
+		first_attempted_at = NULL, expires_at = NULL,
+		completed_at = coalesce($2::timestamptz, completed_at),
+		forget_at = coalesce($2::timestamptz, completed_at) + interval '1 year'
+		WHERE key = $1`
 }

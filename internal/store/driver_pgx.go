@@ -55,7 +55,7 @@ func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 }
 
 func (e *pgxExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
-	row, err := e.q.KeyGet(ctx, e.db, &dbpgx.KeyGetParams{Key: key, Now: now})
+	row, err := e.q.KeyGet(ctx, e.db, &dbpgx.KeyGetParams{Key: keyDigest(key), Now: now})
 	if err != nil {
 		return nil, InterpretErrorContext(ctx, err)
 	}
@@ -63,7 +63,7 @@ func (e *pgxExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*
 }
 
 func (e *pgxExecutor) KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error) {
-	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbpgx.KeyGetByKeyOrScopeParams{Key: key, Scope: scope, Now: now})
+	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbpgx.KeyGetByKeyOrScopeParams{Key: keyDigest(key), Scope: hexDigest(scope), Now: now})
 	if err != nil {
 		return nil, InterpretErrorContext(ctx, err)
 	}

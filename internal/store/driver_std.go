@@ -100,7 +100,7 @@ func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 }
 
 func (e *stdExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
-	row, err := e.q.KeyGet(ctx, e.db, &dbstd.KeyGetParams{Key: key, Now: now})
+	row, err := e.q.KeyGet(ctx, e.db, &dbstd.KeyGetParams{Key: keyDigest(key), Now: now})
 	if err != nil {
 		return nil, InterpretErrorContext(ctx, err)
 	}
@@ -108,7 +108,7 @@ func (e *stdExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*
 }
 
 func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error) {
-	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbstd.KeyGetByKeyOrScopeParams{Key: key, Scope: scope, Now: now})
+	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbstd.KeyGetByKeyOrScopeParams{Key: keyDigest(key), Scope: hexDigest(scope), Now: now})
 	if err != nil {
 		return nil, InterpretErrorContext(ctx, err)
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -260,7 +261,7 @@ func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*Claimed
 		})
 		for _, row := range rows {
 			claimed = append(claimed, &ClaimedKey{
-				Key:              row.Key,
+				Key:              keyText(row.Key),
 				Tool:             row.Tool,
 				Attempt:          int(row.Attempt),
 				Ambiguous:        row.Ambiguous,
@@ -285,7 +286,7 @@ func (s *Store) ClaimKey(ctx context.Context, p *ClaimKeyParams) (*ClaimedKey, e
 			Now:     p.Now,
 			LeaseMs: p.Lease.Milliseconds(),
 			Worker:  p.Worker,
-			Key:     p.Key,
+			Key:     keyDigest(p.Key),
 		})
 		if err != nil {
 			return err
@@ -318,7 +319,7 @@ func (s *Store) ReclaimExpired(ctx context.Context, p *ReclaimExpiredParams) ([]
 		})
 		for _, row := range rows {
 			claimed = append(claimed, &ClaimedKey{
-				Key:              row.Key,
+				Key:              keyText(row.Key),
 				Tool:             row.Tool,
 				Attempt:          int(row.Attempt),
 				Ambiguous:        true,
@@ -342,7 +343,7 @@ func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
 		Channel:     p.Channel,
 	}
 	for _, o := range p.Outcomes {
-		params.Key = append(params.Key, o.Key)
+		params.Key = append(params.Key, keyDigest(o.Key))
 		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
 		params.State = append(params.State, o.State)
 		params.Response = append(params.Response, o.Response)
@@ -354,7 +355,7 @@ func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxFinish(ctx, db, params)
 		for _, row := range rows {
-			keys = append(keys, row.Key)
+			keys = append(keys, keyText(row.Key))
 		}
 		return err
 	})
@@ -366,7 +367,7 @@ func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
 func (s *Store) Release(ctx context.Context, p *ReleaseParams) ([]string, error) {
 	params := &dbpgx.OutboxReleaseParams{Now: p.Now, Channel: p.Channel}
 	for _, r := range p.Releases {
-		params.Key = append(params.Key, r.Key)
+		params.Key = append(params.Key, keyDigest(r.Key))
 		params.Attempt = append(params.Attempt, int32(r.Attempt)) //nolint:gosec // attempts stay small
 		params.DelayMs = append(params.DelayMs, r.Delay.Milliseconds())
 		params.Ambiguous = append(params.Ambiguous, r.Ambiguous)
@@ -376,7 +377,7 @@ func (s *Store) Release(ctx context.Context, p *ReleaseParams) ([]string, error)
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxRelease(ctx, db, params)
 		for _, row := range rows {
-			keys = append(keys, row.Key)
+			keys = append(keys, keyText(row.Key))
 		}
 		return err
 	})
@@ -388,13 +389,15 @@ func (s *Store) Release(ctx context.Context, p *ReleaseParams) ([]string, error)
 func (s *Store) RecordedAttempts(ctx context.Context, attempts []AttemptRef) ([]string, error) {
 	params := &dbpgx.OutboxRecordedAttemptsParams{}
 	for _, a := range attempts {
-		params.Key = append(params.Key, a.Key)
+		params.Key = append(params.Key, keyDigest(a.Key))
 		params.Attempt = append(params.Attempt, int32(a.Attempt)) //nolint:gosec // attempts stay small
 	}
 	var keys []string
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		keys, err = q.OutboxRecordedAttempts(ctx, db, params)
+		digests, err := q.OutboxRecordedAttempts(ctx, db, params)
+		for _, digest := range digests {
+			keys = append(keys, keyText(digest))
+		}
 		return err
 	})
 	return keys, err
@@ -511,7 +514,7 @@ func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
 	return s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		_, err := q.KeyResolve(ctx, db, &dbpgx.KeyResolveParams{
 			Action:      p.Action,
-			Key:         p.Key,
+			Key:         keyDigest(p.Key),
 			Response:    p.Response,
 			Failure:     p.Failure,
 			Now:         p.Now,
@@ -529,7 +532,7 @@ func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
 func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution, error) {
 	var resolutions []*Resolution
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		rows, err := q.ResolutionListByKey(ctx, db, &dbpgx.ResolutionListByKeyParams{Key: key})
+		rows, err := q.ResolutionListByKey(ctx, db, &dbpgx.ResolutionListByKeyParams{Key: keyDigest(key)})
 		for _, row := range rows {
 			resolutions = append(resolutions, &Resolution{
 				Action: row.Action, ResolvedBy: row.ResolvedBy, Reason: row.Reason, ResolvedAt: row.ResolvedAt,
@@ -546,7 +549,7 @@ func (s *Store) Args(ctx context.Context, key string) ([]byte, error) {
 	var args []byte
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		var err error
-		args, err = q.KeyGetArgs(ctx, db, &dbpgx.KeyGetArgsParams{Key: key})
+		args, err = q.KeyGetArgs(ctx, db, &dbpgx.KeyGetArgsParams{Key: keyDigest(key)})
 		return err
 	})
 	return args, err
@@ -557,7 +560,7 @@ func (s *Store) Args(ctx context.Context, key string) ([]byte, error) {
 func (s *Store) QueueEntry(ctx context.Context, key string) (*QueueEntry, error) {
 	var entry *QueueEntry
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		row, err := q.OutboxGet(ctx, db, &dbpgx.OutboxGetParams{Key: key})
+		row, err := q.OutboxGet(ctx, db, &dbpgx.OutboxGetParams{Key: keyDigest(key)})
 		if err != nil {
 			return err
 		}
@@ -621,15 +624,15 @@ func keyRowFromGet(row *dbpgx.KeyGetRow) *KeyRow {
 		return nil
 	}
 	return &KeyRow{
-		Key:         row.Key,
-		Scope:       row.Scope,
+		Key:         keyText(row.Key),
+		Scope:       hexText(row.Scope),
 		Tenant:      row.Tenant,
 		RunID:       row.RunID,
 		Step:        row.Step,
 		BusinessKey: row.BusinessKey,
 		Tool:        row.Tool,
 		NaturalID:   row.NaturalID,
-		Fingerprint: row.Fingerprint,
+		Fingerprint: hexText(row.Fingerprint),
 		State:       row.State,
 		Attempt:     int(row.Attempt),
 		Response:    row.Response,
@@ -637,7 +640,7 @@ func keyRowFromGet(row *dbpgx.KeyGetRow) *KeyRow {
 		CreatedAt:   row.CreatedAt,
 		UpdatedAt:   row.UpdatedAt,
 		CompletedAt: row.CompletedAt,
-		ExpiresAt:   row.ExpiresAt,
+		ExpiresAt:   cmp.Or(row.ExpiresAt, row.ForgetAt),
 		LastError:   row.LastError,
 		AvailableAt: row.AvailableAt,
 		LeaseUntil:  row.LeaseUntil,
@@ -647,15 +650,15 @@ func keyRowFromGet(row *dbpgx.KeyGetRow) *KeyRow {
 
 func keyInsertParams(k *NewKey) *dbpgx.KeyInsertParams {
 	params := &dbpgx.KeyInsertParams{
-		Key:         k.Key,
-		Scope:       k.Scope,
+		Key:         keyDigest(k.Key),
+		Scope:       hexDigest(k.Scope),
 		Tenant:      k.Tenant,
 		RunID:       k.RunID,
 		Step:        k.Step,
 		BusinessKey: k.BusinessKey,
 		Tool:        k.Tool,
 		NaturalID:   k.NaturalID,
-		Fingerprint: k.Fingerprint,
+		Fingerprint: hexDigest(k.Fingerprint),
 		Args:        k.Args,
 		Now:         k.Now,
 		Channel:     k.Channel,

@@ -45,8 +45,8 @@ func drivers(t *testing.T) map[string]func(t *testing.T) (*store.Store, func(t *
 
 func newKey(n int) *store.NewKey {
 	return &store.NewKey{
-		Key: fmt.Sprintf("k1_%064d", n), Scope: fmt.Sprintf("s_%d", n), RunID: "run", Step: int64(n),
-		Tool: "refund", Fingerprint: "f", Args: []byte(`{"n":1}`),
+		Key: fmt.Sprintf("k1_%064d", n), Scope: fmt.Sprintf("%064x", n), RunID: "run", Step: int64(n),
+		Tool: "refund", Args: []byte(`{"n":1}`),
 	}
 }
 
