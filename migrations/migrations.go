@@ -60,7 +60,7 @@ const schemaMarker = "/* TEMPLATE: schema */"
 
 // ErrInvalidSchema is returned for a schema name that is not a plain
 // lower-case identifier. Nothing is changed in the database.
-var ErrInvalidSchema = ident.ErrInvalidSchema
+var ErrInvalidSchema = errInvalidSchema()
 
 // Files returns pgonce's goose files with schema filled in: every
 // /* TEMPLATE: schema */ marker replaced by the quoted schema and a dot. The
@@ -260,3 +260,7 @@ func lockedProvider(db *sql.DB, schema string) (*goose.Provider, error) {
 	}
 	return NewProvider(db, schema, goose.WithSessionLocker(locker))
 }
+
+// errInvalidSchema is outbox's ErrInvalidSchema as well, shared by value; a
+// function keeps the internal package out of the public declaration.
+func errInvalidSchema() error { return ident.ErrInvalidSchema }

@@ -43,18 +43,18 @@ var ErrInvalidConfig = errors.New("invalid config")
 
 // ErrInvalidSchema is returned by [New] and [NewPgx] for a schema name that is
 // not a plain lower-case identifier.
-var ErrInvalidSchema = ident.ErrInvalidSchema
+var ErrInvalidSchema = errInvalidSchema()
 
 // ErrNotPgxStdlib is returned by [New] for a *sql.DB opened with a driver
 // other than pgx's stdlib driver.
-var ErrNotPgxStdlib = store.ErrNotPgxStdlib
+var ErrNotPgxStdlib = errNotPgxStdlib()
 
 // ErrSerialization is returned by [Client.SubmitTx] when PostgreSQL aborted
 // the caller's REPEATABLE READ or SERIALIZABLE transaction because another
 // transaction claimed the same key first (SQLSTATE 40001) or by a deadlock
 // (40P01). Roll back and retry the whole transaction: the retry sees the
 // winner's key.
-var ErrSerialization = store.ErrSerialization
+var ErrSerialization = errSerialization()
 
 // ErrInvalidTx is returned by [Client.SubmitTx] for a nil transaction: a nil
 // *sql.Tx or pgx.Tx. Nothing is written; pass the transaction the call
@@ -69,18 +69,18 @@ var ErrInvalidTx = errors.New("invalid transaction: SubmitTx needs the caller's 
 // aborted the transaction: roll it back and retry it, perhaps with a longer
 // timeout. A statement cancelled because the caller's ctx ended returns ctx's
 // error instead.
-var ErrTimeout = store.ErrTimeout
+var ErrTimeout = errTimeout()
 
 // ErrTxAborted is returned by [Client.SubmitTx] for a transaction that an
 // earlier failed statement already aborted (SQLSTATE 25P02): PostgreSQL runs
 // nothing more in it. Nothing is written; roll the transaction back and retry
 // it from the start.
-var ErrTxAborted = store.ErrTxAborted
+var ErrTxAborted = errTxAborted()
 
 // ErrTxDone is returned by [Client.SubmitTx] for a transaction that has
 // already committed or rolled back (database/sql's sql.ErrTxDone, pgx's
 // pgx.ErrTxClosed). Nothing is written; submit in an open transaction.
-var ErrTxDone = store.ErrTxDone
+var ErrTxDone = errTxDone()
 
 // ErrProviderFailed is returned by [Client.Do] when the provider failed in a
 // way that may be retried. The key stays pending: a dispatcher or a later Do
@@ -148,3 +148,14 @@ func (e *InProgressError) Error() string {
 
 // Is matches [ErrInProgress].
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// The errors the store returns are the ones users match, shared by value.
+// Functions, as io/fs's errInvalid and its siblings are, keep the internal
+// packages out of the public declarations.
+
+func errInvalidSchema() error { return ident.ErrInvalidSchema }
+func errNotPgxStdlib() error  { return store.ErrNotPgxStdlib }
+func errSerialization() error { return store.ErrSerialization }
+func errTimeout() error       { return store.ErrTimeout }
+func errTxAborted() error     { return store.ErrTxAborted }
+func errTxDone() error        { return store.ErrTxDone }
