@@ -72,6 +72,10 @@ bench: ## Run the benchmarks, 6 counts each, for benchstat
 bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_KEYS calls, default 100000)
 	go test -run='^$$' -bench='^BenchmarkSize$$' -benchtime=1x -count=1 -timeout=60m ./internal/storagebench/
 
+.PHONY: bench-scale
+bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS finished keys (default 10000000) and at 10000, PGONCE_BENCH_SCALE_REPS times (default 5)
+	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
+
 .PHONY: tidy
 tidy: ## go mod tidy
 	go mod tidy

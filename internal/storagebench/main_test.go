@@ -7,5 +7,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	pgoncetest.Main(m)
+	pgoncetest.MainThen(m, func(code int) int {
+		// The scale fixtures outlive every repetition of BenchmarkScale, so
+		// they are summarised and dropped here, whether the run passed or
+		// failed.
+		scaleFinish()
+		return code
+	})
 }

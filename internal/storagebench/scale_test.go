@@ -1,0 +1,450 @@
+package storagebench_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+const (
+	// scaleKeysEnv selects how many finished keys the large table holds.
+	scaleKeysEnv     = "PGONCE_BENCH_SCALE_KEYS"
+	scaleKeysDefault = 10_000_000
+
+	// scaleBaselineKeys is the small table every figure is compared with.
+	scaleBaselineKeys = 10_000
+
+	// scaleRepsEnv selects how many times each figure is measured at each
+	// scale, the scales taking turns.
+	scaleRepsEnv     = "PGONCE_BENCH_SCALE_REPS"
+	scaleRepsDefault = 5
+
+	// templateKeys is how many keys are finished through the public API
+	// and then replicated.
+	templateKeys = 1000
+
+	// replicateChunkRows is about how many rows one replicating statement
+	// inserts.
+	replicateChunkRows = 500_000
+
+	// claimRows is the batch of pending calls one claim iteration drains,
+	// and pruneRows the keys one prune iteration expires and forgets.
+	claimRows = 10_000
+	pruneRows = 10_000
+
+	// sampleKeys is how many random existing keys the Get benchmark reads.
+	sampleKeys = 100_000
+
+	// benchRetention is the retention and tombstone horizon of the keys the
+	// benchmarks add, so that pruning with a clock benchRetireAhead ahead
+	// removes them and leaves the fixture's own keys, kept for 30 days, as
+	// they were.
+	benchRetention   = time.Minute
+	benchRetireAhead = time.Hour
+
+	// Target of issue 11: submit and claim at 10^7 keys cost at most this
+	// many times what they cost at 10^4.
+	scaleTargetRatio = 1.15
+)
+
+// scaleFixture is a key table of finished keys, shared by every repetition
+// of BenchmarkScale in the process.
+type scaleFixture struct {
+	keys   int64
+	schema string
+	// client adds keys that retire removes, on the database's clock.
+	client *outbox.Client[pgx.Tx]
+	// pruner prunes with its clock ahead by ahead.
+	pruner *outbox.Client[pgx.Tx]
+	ahead  atomic.Int64
+	sample []outbox.Key
+	size   tableSize
+
+	build, replicate, vacuum time.Duration
+}
+
+// scaleMetric is one figure BenchmarkScale measures at each scale.
+type scaleMetric struct {
+	name string
+	unit string
+	// cost reports whether the figure is a cost (more is worse) rather
+	// than a throughput.
+	cost bool
+	run  func(b *testing.B, f *scaleFixture) float64
+}
+
+var scaleMetrics = []scaleMetric{
+	{name: "SubmitTx", unit: "ns/op", cost: true, run: benchSubmitTx},
+	{name: "Claim", unit: "ns/row", cost: true, run: benchClaim},
+	{name: "Get", unit: "ns/op", cost: true, run: benchGet},
+	{name: "Prune", unit: "keys/s", run: benchPrune},
+}
+
+// scale holds the fixtures and what every repetition measured.
+var scale struct {
+	once     sync.Once
+	ready    bool
+	fixtures []*scaleFixture
+	schemas  []string // every schema created, to drop at the end
+
+	mu sync.Mutex
+	// results[metric][keys][b] is the figure of the last run of b, the
+	// one the framework reports: a sub-benchmark calls its function with a
+	// growing b.N, and -count repeats it with a new b each time.
+	results map[string]map[int64]map[*testing.B]float64
+}
+
+// BenchmarkScale compares, on a key table of PGONCE_BENCH_SCALE_KEYS
+// finished keys (default 10 million) and one of 10 thousand, the cost of a
+// SubmitTx (a transaction with one submit), of a claim per row (a
+// dispatcher draining 10,000 pending calls), of a Get of a random existing
+// key, and the throughput of pruning (expiring, then forgetting, 10,000
+// keys). Each large table is built once per process: a thousand refund
+// calls finished through the public API, replicated inside PostgreSQL, then
+// VACUUM (ANALYZE). Every key a benchmark adds is pruned again, so the
+// tables keep their size. Each figure is measured PGONCE_BENCH_SCALE_REPS
+// times (default 5) at each scale, the scales taking turns so that a busy
+// moment of the machine does not favour one of them (sub-benchmarks
+// Metric/Keys=N/Rep=R; benchstat -ignore /Rep groups them). When the process
+// ends it prints the medians at each scale, their ratios and the tables'
+// sizes, and drops the tables (make bench-scale).
+func BenchmarkScale(b *testing.B) {
+	scale.once.Do(func() {
+		large := int64(envInt(b, scaleKeysEnv, scaleKeysDefault))
+		for _, keys := range []int64{scaleBaselineKeys, large} {
+			if len(scale.fixtures) > 0 && keys == scale.fixtures[0].keys {
+				continue
+			}
+			scale.fixtures = append(scale.fixtures, buildScaleFixture(b, keys))
+		}
+		scale.ready = true
+	})
+	if !scale.ready {
+		b.Fatal("the scale fixtures could not be built")
+	}
+	reps := envInt(b, scaleRepsEnv, scaleRepsDefault)
+	for rep := 1; rep <= reps; rep++ {
+		for _, metric := range scaleMetrics {
+			for _, f := range scale.fixtures {
+				b.Run(fmt.Sprintf("%s/Keys=%d/Rep=%d", metric.name, f.keys, rep), func(b *testing.B) {
+					value := metric.run(b, f)
+					recordScaleResult(b, metric.name, f.keys, value)
+				})
+			}
+		}
+	}
+}
+
+func recordScaleResult(b *testing.B, metric string, keys int64, value float64) {
+	scale.mu.Lock()
+	defer scale.mu.Unlock()
+	if scale.results == nil {
+		scale.results = map[string]map[int64]map[*testing.B]float64{}
+	}
+	if scale.results[metric] == nil {
+		scale.results[metric] = map[int64]map[*testing.B]float64{}
+	}
+	if scale.results[metric][keys] == nil {
+		scale.results[metric][keys] = map[*testing.B]float64{}
+	}
+	scale.results[metric][keys][b] = value
+}
+
+// buildScaleFixture builds a schema whose key table holds keys finished
+// keys (rounded up to a multiple of templateKeys).
+func buildScaleFixture(b *testing.B, keys int64) *scaleFixture {
+	b.Helper()
+	ctx := context.Background()
+	began := time.Now()
+	f := &scaleFixture{schema: pgoncetest.NewSchemaName(b)}
+	scale.schemas = append(scale.schemas, f.schema)
+	fmt.Fprintf(os.Stderr, "scale: building %d finished keys in schema %s (dropped at the end; by hand if the process dies)\n", keys, f.schema)
+	require.NoError(b, migrations.Up(ctx, pgoncetest.DB(b), f.schema))
+
+	// The templates: real calls, finished by a dispatcher under the
+	// default retention.
+	templater, err := outbox.NewPgx(pgoncetest.Pool(b), outbox.Config{Schema: f.schema, Registry: refundRegistry(b)})
+	require.NoError(b, err)
+	templates := submitBulk(b, templater, pgoncetest.Pool(b), templateKeys)
+	drain(b, templater, f.schema, templateKeys)
+
+	requireReplicaColumns(b, f.schema)
+	copyTemplates(b, f.schema)
+	copies := (keys+templateKeys-1)/templateKeys - 1
+	perChunk := max(1, int64(replicateChunkRows/templateKeys))
+	replicated := time.Now()
+	for first := int64(1); first <= copies; first += perChunk {
+		last := min(first+perChunk-1, copies)
+		require.Equal(b, (last-first+1)*templateKeys, replicate(b, f.schema, first, last))
+		if copies > perChunk {
+			fmt.Fprintf(os.Stderr, "scale: %d of %d keys after %s\n",
+				(last+1)*templateKeys, (copies+1)*templateKeys, time.Since(began).Round(time.Second))
+		}
+	}
+	f.replicate = time.Since(replicated)
+	f.keys = (copies + 1) * templateKeys
+	if copies > 0 {
+		for _, key := range sampleReplicaKeys(b, f.schema, templateKeys, copies, sampleKeys) {
+			f.sample = append(f.sample, outbox.Key(key))
+		}
+	} else {
+		f.sample = templates
+	}
+	dropTemplates(b, f.schema)
+
+	vacuumed := time.Now()
+	_, err = pgoncetest.Pool(b).Exec(ctx, `VACUUM (ANALYZE) `+ident.Quote(f.schema)+"."+ident.Quote(keyTable))
+	require.NoError(b, err)
+	f.vacuum = time.Since(vacuumed)
+	f.build = time.Since(began)
+	f.size = measureTable(b, f.schema)
+	require.Equal(b, f.keys, f.size.Rows)
+
+	// A replica reads like the key it was copied from.
+	res, err := templater.Get(ctx, f.sample[0])
+	require.NoError(b, err)
+	require.Equal(b, outbox.StateSucceeded, res.State)
+	require.Len(b, res.Response, refundResponseBytes)
+
+	config := outbox.Config{
+		Schema:             f.schema,
+		Registry:           refundRegistry(b),
+		Retention:          benchRetention,
+		TombstoneRetention: benchRetention,
+	}
+	f.client, err = outbox.NewPgx(pgoncetest.Pool(b), config)
+	require.NoError(b, err)
+	config.NowFunc = func() time.Time { return time.Now().Add(time.Duration(f.ahead.Load())) }
+	f.pruner, err = outbox.NewPgx(pgoncetest.Pool(b), config)
+	require.NoError(b, err)
+	fmt.Fprintf(os.Stderr, "scale: %d keys built in %s (replicated in %s, vacuumed in %s), %.1f bytes per key\n",
+		f.keys, f.build.Round(time.Millisecond), f.replicate.Round(time.Millisecond), f.vacuum.Round(time.Millisecond),
+		perKey(f.size.Total(), f.keys))
+	return f
+}
+
+// prune expires, then forgets, the count finished keys that f.client added,
+// and fails b unless it did exactly that: the fixture's own keys stay. The
+// first Prune runs with the pruner's clock past their retention; it may
+// already forget some of the tombstones it made, as its clock moves on
+// between statements. The second runs past their tombstones' horizon.
+func (f *scaleFixture) prune(b *testing.B, count int) {
+	b.Helper()
+	ctx := context.Background()
+	f.ahead.Store(int64(benchRetireAhead))
+	first, err := f.pruner.Prune(ctx, nil)
+	require.NoError(b, err)
+	f.ahead.Store(int64(benchRetireAhead + 2*benchRetention))
+	second, err := f.pruner.Prune(ctx, nil)
+	require.NoError(b, err)
+	require.Equal(b, outbox.PruneResult{Keys: int64(count), Tombstones: int64(count)},
+		outbox.PruneResult{Keys: first.Keys + second.Keys, Tombstones: first.Tombstones + second.Tombstones},
+		"pruning must expire and forget the benchmark's keys, and nothing else")
+	require.Zero(b, second.Keys, "every key must expire in the first Prune")
+}
+
+// fill submits count pending refund calls through f.client in bulk.
+func (f *scaleFixture) fill(b *testing.B, count int) {
+	b.Helper()
+	submitBulk(b, f.client, pgoncetest.Pool(b), count)
+}
+
+// benchSubmitTx times a transaction that submits one call and commits.
+func benchSubmitTx(b *testing.B, f *scaleFixture) float64 {
+	ctx := context.Background()
+	pool := pgoncetest.Pool(b)
+	b.ResetTimer()
+	for range b.N {
+		tx, err := pool.Begin(ctx)
+		require.NoError(b, err)
+		if _, err := f.client.SubmitTx(ctx, tx, refundCall(callNumbers.Add(1))); err != nil {
+			_ = tx.Rollback(ctx)
+			require.NoError(b, err)
+		}
+		require.NoError(b, tx.Commit(ctx))
+	}
+	b.StopTimer()
+	perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	drain(b, f.client, f.schema, b.N)
+	f.prune(b, b.N)
+	return perOp
+}
+
+// benchClaim times a dispatcher that drains claimRows pending calls, from
+// its start to the commit of the last outcome, per row.
+func benchClaim(b *testing.B, f *scaleFixture) float64 {
+	var elapsed time.Duration
+	for range b.N {
+		b.StopTimer()
+		f.fill(b, claimRows)
+		b.StartTimer()
+		elapsed += drain(b, f.client, f.schema, claimRows)
+		b.StopTimer()
+		f.prune(b, claimRows)
+		b.StartTimer()
+	}
+	perRow := float64(elapsed.Nanoseconds()) / float64(b.N*claimRows)
+	b.ReportMetric(perRow, "ns/row")
+	return perRow
+}
+
+// benchGet times a Get of a random existing key.
+func benchGet(b *testing.B, f *scaleFixture) float64 {
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		res, err := f.client.Get(ctx, f.sample[i%len(f.sample)])
+		require.NoError(b, err)
+		if res.State != outbox.StateSucceeded {
+			b.Fatalf("key %s is %s, want succeeded", res.Key, res.State)
+		}
+	}
+	b.StopTimer()
+	return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+}
+
+// benchPrune times the expiry, then the deletion, of pruneRows finished
+// keys, and reports keys per second.
+func benchPrune(b *testing.B, f *scaleFixture) float64 {
+	var elapsed time.Duration
+	for range b.N {
+		b.StopTimer()
+		f.fill(b, pruneRows)
+		drain(b, f.client, f.schema, pruneRows)
+		b.StartTimer()
+		began := time.Now()
+		f.prune(b, pruneRows)
+		elapsed += time.Since(began)
+	}
+	perSecond := float64(b.N*pruneRows) / elapsed.Seconds()
+	b.ReportMetric(perSecond, "keys/s")
+	return perSecond
+}
+
+// scaleFinish prints what BenchmarkScale measured, if it ran, and drops its
+// schemas.
+func scaleFinish() {
+	if len(scale.results) > 0 && len(scale.fixtures) > 0 {
+		printScale(os.Stdout)
+	}
+	if len(scale.schemas) == 0 {
+		return
+	}
+	pool, _, err := pgoncetest.Shared()
+	if err != nil {
+		return
+	}
+	for _, schema := range scale.schemas {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident.Quote(schema)+" CASCADE"); err != nil {
+			fmt.Fprintf(os.Stderr, "scale: drop schema %s: %v\n", schema, err)
+		}
+		cancel()
+	}
+}
+
+// median returns the median of values.
+func median(values map[*testing.B]float64) float64 {
+	sorted := make([]float64, 0, len(values))
+	for _, v := range values {
+		sorted = append(sorted, v)
+	}
+	if len(sorted) == 0 {
+		return 0
+	}
+	slices.Sort(sorted)
+	if n := len(sorted); n%2 == 0 {
+		return (sorted[n/2-1] + sorted[n/2]) / 2
+	}
+	return sorted[len(sorted)/2]
+}
+
+// printScale writes the readable block of figures, then one line of JSON
+// after "storagebench-scale: ".
+func printScale(w io.Writer) {
+	fixtures := scale.fixtures
+	fmt.Fprintf(w, "\nstorage scale: medians of %d repetitions\n", len(scale.results[scaleMetrics[0].name][fixtures[0].keys]))
+	fmt.Fprintf(w, "  tables (as built, after VACUUM (ANALYZE)):\n")
+	for _, f := range fixtures {
+		fmt.Fprintf(w, "    %d keys, built in %s (replicated in %s, vacuumed in %s)\n",
+			f.keys, f.build.Round(time.Millisecond), f.replicate.Round(time.Millisecond), f.vacuum.Round(time.Millisecond))
+		fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", "heap (incl. TOAST)", f.size.Heap+f.size.Toast, perKey(f.size.Heap+f.size.Toast, f.keys))
+		for _, index := range f.size.Indexes {
+			fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", index.Name, index.Bytes, perKey(index.Bytes, f.keys))
+		}
+		fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", "total", f.size.Total(), perKey(f.size.Total(), f.keys))
+	}
+	type figure struct {
+		Metric string             `json:"metric"`
+		Unit   string             `json:"unit"`
+		Median map[string]float64 `json:"median"`
+		Ratio  float64            `json:"ratio,omitempty"`
+		Reps   int                `json:"reps"`
+	}
+	var figures []figure
+	header := fmt.Sprintf("    %-10s %-8s", "operation", "unit")
+	for _, f := range fixtures {
+		header += fmt.Sprintf(" %14s", fmt.Sprintf("%d keys", f.keys))
+	}
+	fmt.Fprintf(w, "  operations:\n%s %8s\n", header, "ratio")
+	for _, metric := range scaleMetrics {
+		fig := figure{Metric: metric.name, Unit: metric.unit, Median: map[string]float64{}}
+		line := fmt.Sprintf("    %-10s %-8s", metric.name, metric.unit)
+		for _, f := range fixtures {
+			m := median(scale.results[metric.name][f.keys])
+			fig.Median[fmt.Sprint(f.keys)] = m
+			fig.Reps = len(scale.results[metric.name][f.keys])
+			line += fmt.Sprintf(" %14.0f", m)
+		}
+		if len(fixtures) == 2 {
+			small := fig.Median[fmt.Sprint(fixtures[0].keys)]
+			large := fig.Median[fmt.Sprint(fixtures[1].keys)]
+			if small > 0 {
+				fig.Ratio = large / small
+			}
+			line += fmt.Sprintf(" %8.3f", fig.Ratio)
+			switch {
+			case metric.cost && (metric.name == "SubmitTx" || metric.name == "Claim"):
+				verdict := "met"
+				if fig.Ratio > scaleTargetRatio {
+					verdict = "NOT met"
+				}
+				line += fmt.Sprintf("   target <= %.2f: %s", scaleTargetRatio, verdict)
+			case !metric.cost:
+				line += "   (a throughput: below 1 is slower)"
+			}
+		}
+		fmt.Fprintln(w, line)
+		figures = append(figures, fig)
+	}
+	sizes := map[string]any{}
+	for _, f := range fixtures {
+		indexes := map[string]int64{}
+		for _, index := range f.size.Indexes {
+			indexes[index.Name] = index.Bytes
+		}
+		sizes[fmt.Sprint(f.keys)] = map[string]any{
+			"heap":          f.size.Heap + f.size.Toast,
+			"indexes":       indexes,
+			"total":         f.size.Total(),
+			"build_seconds": f.build.Seconds(),
+		}
+	}
+	line, _ := json.Marshal(map[string]any{"figures": figures, "sizes": sizes})
+	fmt.Fprintf(w, "storagebench-scale: %s\n", line)
+}
