@@ -304,13 +304,45 @@ func measureTable(tb testing.TB, schema string) tableSize {
 	return size
 }
 
+// horizonWait bounds how long vacuumFull waits for older transactions.
+const horizonWait = 5 * time.Minute
+
 // vacuumFull rewrites schema's key table compactly, as a table that was
-// never updated would be.
-func vacuumFull(tb testing.TB, schema string) {
+// never updated would be. VACUUM FULL keeps the row versions that a
+// transaction still open might see, so it first waits, up to horizonWait,
+// until no other transaction of the database began before the table's last
+// write; it reports false when one did not end in time and the table may
+// have kept such versions.
+func vacuumFull(tb testing.TB, schema string) (clean bool) {
 	tb.Helper()
-	_, err := pgoncetest.Pool(tb).Exec(context.Background(),
-		`VACUUM FULL `+ident.Quote(schema)+"."+ident.Quote(keyTable))
+	ctx := context.Background()
+	pool := pgoncetest.Pool(tb)
+	table := ident.Quote(schema) + "." + ident.Quote(keyTable)
+	deadline := time.Now().Add(horizonWait)
+	for {
+		// The youngest xmin among the table's rows is its last write; a
+		// transaction whose snapshot or id is at least as old may still
+		// see what that write replaced.
+		var older int
+		require.NoError(tb, pool.QueryRow(ctx, `SELECT count(*)
+			FROM pg_stat_activity
+			WHERE datname = current_database()
+				AND pid <> pg_backend_pid()
+				AND greatest(age(backend_xmin), age(backend_xid)) >= (SELECT min(age(xmin)) FROM `+table+`)`).Scan(&older))
+		if older == 0 {
+			clean = true
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "storagebench: %d transactions older than the last write to %s are still open after %s; "+
+				"VACUUM FULL may keep row versions they can see\n", older, table, horizonWait)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err := pool.Exec(ctx, `VACUUM FULL `+table)
 	require.NoError(tb, err)
+	return clean
 }
 
 // updateCounters are the cumulative update counters of a table.
@@ -348,4 +380,43 @@ func perKey(bytes, keys int64) float64 {
 		return 0
 	}
 	return math.Round(float64(bytes)*10/float64(keys)) / 10
+}
+
+// columnSize is the average number of bytes a column takes in a row.
+type columnSize struct {
+	Name  string
+	Bytes float64
+}
+
+// measureColumns returns the average stored size of each column of
+// schema's key table (zero for NULL), in column order, and of the whole row
+// as a datum (its tuple header included): where a row's bytes go, whatever
+// the columns are.
+func measureColumns(tb testing.TB, schema string) (columns []columnSize, row float64) {
+	tb.Helper()
+	ctx := context.Background()
+	pool := pgoncetest.Pool(tb)
+	rows, err := pool.Query(ctx, `SELECT column_name::text
+		FROM information_schema.columns
+		WHERE table_schema = $1
+			AND table_name = $2
+		ORDER BY ordinal_position`, schema, keyTable)
+	require.NoError(tb, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(tb, err)
+	averages := []string{`coalesce(avg(pg_column_size(t.*)), 0)::float8`}
+	for _, name := range names {
+		averages = append(averages, `coalesce(avg(coalesce(pg_column_size(t.`+ident.Quote(name)+`), 0)), 0)::float8`)
+	}
+	values := make([]float64, len(averages))
+	targets := make([]any, len(values))
+	for i := range values {
+		targets[i] = &values[i]
+	}
+	require.NoError(tb, pool.QueryRow(ctx, `SELECT `+strings.Join(averages, ", ")+
+		` FROM `+ident.Quote(schema)+"."+ident.Quote(keyTable)+` AS t`).Scan(targets...))
+	for i, name := range names {
+		columns = append(columns, columnSize{Name: name, Bytes: math.Round(values[i+1]*10) / 10})
+	}
+	return columns, math.Round(values[0]*10) / 10
 }

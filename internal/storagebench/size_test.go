@@ -51,9 +51,17 @@ func BenchmarkSize(b *testing.B) {
 
 // sizeReport is what BenchmarkSize measured.
 type sizeReport struct {
-	Keys            int64
-	Finished        tableSize
-	Tombstone       tableSize
+	Keys             int64
+	Finished         tableSize
+	Tombstone        tableSize
+	FinishedColumns  []columnSize
+	TombstoneColumns []columnSize
+	FinishedRow      float64
+	// FinishedClean and TombstoneClean report that no older transaction
+	// was open when VACUUM FULL ran, so it kept no dead row versions.
+	FinishedClean   bool
+	TombstoneClean  bool
+	TombstoneRow    float64
 	FinishHOTShare  float64
 	FinishUpdates   int64
 	PruneHOTShare   float64
@@ -104,9 +112,10 @@ func measureSize(b *testing.B, keys int) sizeReport {
 	report.FinishHOTShare, report.FinishUpdates = hotShare(beforeFinish, afterFinish)
 	require.GreaterOrEqual(b, report.FinishUpdates, int64(keys), "every finish updates its row: the counters were not flushed")
 
-	vacuumFull(b, schema)
+	report.FinishedClean = vacuumFull(b, schema)
 	report.Finished = measureTable(b, schema)
 	require.Equal(b, int64(keys), report.Finished.Rows)
+	report.FinishedColumns, report.FinishedRow = measureColumns(b, schema)
 
 	// Turn every key into a tombstone.
 	pruneName := newApplicationName("prune")
@@ -128,9 +137,10 @@ func measureSize(b *testing.B, keys int) sizeReport {
 	afterPrune := readUpdateCounters(b, schema)
 	report.PruneHOTShare, report.PruneUpdates = hotShare(afterFinish, afterPrune)
 
-	vacuumFull(b, schema)
+	report.TombstoneClean = vacuumFull(b, schema)
 	report.Tombstone = measureTable(b, schema)
 	require.Equal(b, int64(keys), report.Tombstone.Rows)
+	report.TombstoneColumns, report.TombstoneRow = measureColumns(b, schema)
 	return report
 }
 
@@ -141,8 +151,11 @@ func (r sizeReport) print(w io.Writer) {
 		r.Keys, refundResponseBytes, r.ResponseExample)
 	fmt.Fprintf(w, "  submitted in %s (transactions of %d), drained in %s, pruned in %s\n",
 		r.SubmitDuration.Round(time.Millisecond), submitsPerTx, r.DrainDuration.Round(time.Millisecond), r.PruneDuration.Round(time.Millisecond))
-	block := func(title string, s tableSize, target int) {
+	block := func(title string, s tableSize, target int, columns []columnSize, row float64, clean bool) {
 		fmt.Fprintf(w, "  %s, after VACUUM FULL:\n", title)
+		if !clean {
+			fmt.Fprintf(w, "    (an older transaction was open: VACUUM FULL may have kept dead row versions; measure again)\n")
+		}
 		fmt.Fprintf(w, "    %-32s %12s %10s\n", "relation", "bytes", "bytes/key")
 		fmt.Fprintf(w, "    %-32s %12d %10.1f\n", "heap (incl. TOAST)", s.Heap+s.Toast, perKey(s.Heap+s.Toast, r.Keys))
 		for _, index := range s.Indexes {
@@ -154,33 +167,48 @@ func (r sizeReport) print(w io.Writer) {
 			verdict = "NOT met"
 		}
 		fmt.Fprintf(w, "    %-32s %12d %10.1f   target <= %d: %s\n", "total", s.Total(), total, target, verdict)
+		fmt.Fprintf(w, "    a row averages %.1f bytes as a datum (tuple header included); its columns:\n     ", row)
+		for i, c := range columns {
+			if i > 0 && i%6 == 0 {
+				fmt.Fprint(w, "\n     ")
+			}
+			fmt.Fprintf(w, " %s %.1f", c.Name, c.Bytes)
+		}
+		fmt.Fprintln(w)
 	}
-	block("finished keys", r.Finished, finishedTargetBytes)
-	block("tombstones", r.Tombstone, tombstoneTargetBytes)
+	block("finished keys", r.Finished, finishedTargetBytes, r.FinishedColumns, r.FinishedRow, r.FinishedClean)
+	block("tombstones", r.Tombstone, tombstoneTargetBytes, r.TombstoneColumns, r.TombstoneRow, r.TombstoneClean)
 	fmt.Fprintf(w, "  HOT updates while finishing: %.1f%% of %d (%.2f updates per key)\n",
 		r.FinishHOTShare*100, r.FinishUpdates, float64(r.FinishUpdates)/float64(r.Keys))
 	fmt.Fprintf(w, "  HOT updates while pruning:   %.1f%% of %d (%.2f updates per key)\n",
 		r.PruneHOTShare*100, r.PruneUpdates, float64(r.PruneUpdates)/float64(r.Keys))
 
-	perKeyOf := func(s tableSize) map[string]any {
+	perKeyOf := func(s tableSize, columns []columnSize, row float64) map[string]any {
 		indexes := map[string]float64{}
 		for _, index := range s.Indexes {
 			indexes[index.Name] = perKey(index.Bytes, r.Keys)
+		}
+		columnBytes := map[string]float64{}
+		for _, c := range columns {
+			columnBytes[c.Name] = c.Bytes
 		}
 		return map[string]any{
 			"heap":    perKey(s.Heap+s.Toast, r.Keys),
 			"indexes": indexes,
 			"total":   perKey(s.Total(), r.Keys),
+			"row":     row,
+			"columns": columnBytes,
 		}
 	}
 	line, _ := json.Marshal(map[string]any{
 		"keys":             r.Keys,
-		"finished":         perKeyOf(r.Finished),
-		"tombstone":        perKeyOf(r.Tombstone),
+		"finished":         perKeyOf(r.Finished, r.FinishedColumns, r.FinishedRow),
+		"tombstone":        perKeyOf(r.Tombstone, r.TombstoneColumns, r.TombstoneRow),
 		"hot_share_finish": r.FinishHOTShare,
 		"hot_share_prune":  r.PruneHOTShare,
 		"updates_finish":   r.FinishUpdates,
 		"updates_prune":    r.PruneUpdates,
+		"clean":            r.FinishedClean && r.TombstoneClean,
 	})
 	fmt.Fprintf(w, "storagebench-size: %s\n", line)
 }
