@@ -78,14 +78,16 @@ type scaleFixture struct {
 	build, replicate, vacuum time.Duration
 }
 
-// scaleMetric is one figure BenchmarkScale measures at each scale.
+// scaleMetric is one figure BenchmarkScale measures at both scales.
 type scaleMetric struct {
 	name string
 	unit string
 	// cost reports whether the figure is a cost (more is worse) rather
 	// than a throughput.
 	cost bool
-	run  func(b *testing.B, f *scaleFixture) float64
+	// run measures the figure on small and on large, in turns, and
+	// returns it for each.
+	run func(b *testing.B, small, large *scaleFixture) (float64, float64)
 }
 
 var scaleMetrics = []scaleMetric{
@@ -95,18 +97,21 @@ var scaleMetrics = []scaleMetric{
 	{name: "Prune", unit: "keys/s", run: benchPrune},
 }
 
+// scalePair is what one run of a sub-benchmark measured at both scales.
+type scalePair struct{ small, large float64 }
+
 // scale holds the fixtures and what every repetition measured.
 var scale struct {
-	once     sync.Once
-	ready    bool
-	fixtures []*scaleFixture
-	schemas  []string // every schema created, to drop at the end
+	once         sync.Once
+	ready        bool
+	small, large *scaleFixture
+	schemas      []string // every schema created, to drop at the end
 
 	mu sync.Mutex
-	// results[metric][keys][b] is the figure of the last run of b, the
+	// results[metric][b] is the pair measured by the last run of b, the
 	// one the framework reports: a sub-benchmark calls its function with a
 	// growing b.N, and -count repeats it with a new b each time.
-	results map[string]map[int64]map[*testing.B]float64
+	results map[string]map[*testing.B]scalePair
 }
 
 // BenchmarkScale compares, on a key table of PGONCE_BENCH_SCALE_KEYS
@@ -114,24 +119,29 @@ var scale struct {
 // SubmitTx (a transaction with one submit), of a claim per row (a
 // dispatcher draining 10,000 pending calls), of a Get of a random existing
 // key, and the throughput of pruning (expiring, then forgetting, 10,000
-// keys). Each large table is built once per process: a thousand refund
-// calls finished through the public API, replicated inside PostgreSQL, then
+// keys). Each table is built once per process: a thousand refund calls
+// finished through the public API, replicated inside PostgreSQL, then
 // VACUUM (ANALYZE). Every key a benchmark adds is pruned again, so the
-// tables keep their size. Each figure is measured PGONCE_BENCH_SCALE_REPS
-// times (default 5) at each scale, the scales taking turns so that a busy
-// moment of the machine does not favour one of them (sub-benchmarks
-// Metric/Keys=N/Rep=R; benchstat -ignore /Rep groups them). When the process
-// ends it prints the medians at each scale, their ratios and the tables'
-// sizes, and drops the tables (make bench-scale).
+// tables keep their size.
+//
+// The machine is shared, and its load changes faster than a repetition
+// lasts, so the two scales are measured in turns within each sub-benchmark:
+// one submit (or get, or drain, or prune) on one table, then the same on the
+// other, the order alternating, and each sub-benchmark reports both figures
+// and their ratio. Per-operation figures are the median of every operation's
+// time; drains and prunes are timed whole. Each sub-benchmark runs
+// PGONCE_BENCH_SCALE_REPS times (default 5, Metric/Rep=R; benchstat -ignore
+// /Rep groups them). When the process ends it prints the medians, the median
+// of the paired ratios and the tables' sizes, and drops the tables (make
+// bench-scale).
 func BenchmarkScale(b *testing.B) {
 	scale.once.Do(func() {
 		large := int64(envInt(b, scaleKeysEnv, scaleKeysDefault))
-		for _, keys := range []int64{scaleBaselineKeys, large} {
-			if len(scale.fixtures) > 0 && keys == scale.fixtures[0].keys {
-				continue
-			}
-			scale.fixtures = append(scale.fixtures, buildScaleFixture(b, keys))
+		if large <= scaleBaselineKeys {
+			b.Fatalf("%s=%d: want more than the %d keys of the baseline", scaleKeysEnv, large, scaleBaselineKeys)
 		}
+		scale.small = buildScaleFixture(b, scaleBaselineKeys)
+		scale.large = buildScaleFixture(b, large)
 		scale.ready = true
 	})
 	if !scale.ready {
@@ -140,29 +150,38 @@ func BenchmarkScale(b *testing.B) {
 	reps := envInt(b, scaleRepsEnv, scaleRepsDefault)
 	for rep := 1; rep <= reps; rep++ {
 		for _, metric := range scaleMetrics {
-			for _, f := range scale.fixtures {
-				b.Run(fmt.Sprintf("%s/Keys=%d/Rep=%d", metric.name, f.keys, rep), func(b *testing.B) {
-					value := metric.run(b, f)
-					recordScaleResult(b, metric.name, f.keys, value)
-				})
-			}
+			b.Run(fmt.Sprintf("%s/Rep=%d", metric.name, rep), func(b *testing.B) {
+				small, large := metric.run(b, scale.small, scale.large)
+				b.ReportMetric(small, fmt.Sprintf("%s@%dkeys", metric.unit, scale.small.keys))
+				b.ReportMetric(large, fmt.Sprintf("%s@%dkeys", metric.unit, scale.large.keys))
+				if small > 0 {
+					b.ReportMetric(large/small, "ratio")
+				}
+				recordScaleResult(b, metric.name, scalePair{small: small, large: large})
+			})
 		}
 	}
 }
 
-func recordScaleResult(b *testing.B, metric string, keys int64, value float64) {
+func recordScaleResult(b *testing.B, metric string, pair scalePair) {
 	scale.mu.Lock()
 	defer scale.mu.Unlock()
 	if scale.results == nil {
-		scale.results = map[string]map[int64]map[*testing.B]float64{}
+		scale.results = map[string]map[*testing.B]scalePair{}
 	}
 	if scale.results[metric] == nil {
-		scale.results[metric] = map[int64]map[*testing.B]float64{}
+		scale.results[metric] = map[*testing.B]scalePair{}
 	}
-	if scale.results[metric][keys] == nil {
-		scale.results[metric][keys] = map[*testing.B]float64{}
+	scale.results[metric][b] = pair
+}
+
+// inTurns returns the fixtures in the order of turn i: small first on even
+// turns, large first on odd ones.
+func inTurns(i int, small, large *scaleFixture) [2]*scaleFixture {
+	if i%2 == 0 {
+		return [2]*scaleFixture{small, large}
 	}
-	scale.results[metric][keys][b] = value
+	return [2]*scaleFixture{large, small}
 }
 
 // buildScaleFixture builds a schema whose key table holds keys finished
@@ -264,82 +283,115 @@ func (f *scaleFixture) fill(b *testing.B, count int) {
 	submitBulk(b, f.client, pgoncetest.Pool(b), count)
 }
 
-// benchSubmitTx times a transaction that submits one call and commits.
-func benchSubmitTx(b *testing.B, f *scaleFixture) float64 {
+// benchSubmitTx times a transaction that submits one call and commits, on
+// each table in turn, and returns the median time of each.
+func benchSubmitTx(b *testing.B, small, large *scaleFixture) (float64, float64) {
 	ctx := context.Background()
 	pool := pgoncetest.Pool(b)
+	times := map[*scaleFixture][]time.Duration{}
 	b.ResetTimer()
-	for range b.N {
-		tx, err := pool.Begin(ctx)
-		require.NoError(b, err)
-		if _, err := f.client.SubmitTx(ctx, tx, refundCall(callNumbers.Add(1))); err != nil {
-			_ = tx.Rollback(ctx)
+	for i := range b.N {
+		for _, f := range inTurns(i, small, large) {
+			began := time.Now()
+			tx, err := pool.Begin(ctx)
 			require.NoError(b, err)
+			if _, err := f.client.SubmitTx(ctx, tx, refundCall(callNumbers.Add(1))); err != nil {
+				_ = tx.Rollback(ctx)
+				require.NoError(b, err)
+			}
+			require.NoError(b, tx.Commit(ctx))
+			times[f] = append(times[f], time.Since(began))
 		}
-		require.NoError(b, tx.Commit(ctx))
 	}
 	b.StopTimer()
-	perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-	drain(b, f.client, f.schema, b.N)
-	f.prune(b, b.N)
-	return perOp
+	for _, f := range []*scaleFixture{small, large} {
+		drain(b, f.client, f.schema, b.N)
+		f.prune(b, b.N)
+	}
+	return medianNanoseconds(times[small]), medianNanoseconds(times[large])
 }
 
 // benchClaim times a dispatcher that drains claimRows pending calls, from
-// its start to the commit of the last outcome, per row.
-func benchClaim(b *testing.B, f *scaleFixture) float64 {
-	var elapsed time.Duration
-	for range b.N {
+// its start to the commit of the last outcome, on each table in turn, and
+// returns the time per row of each.
+func benchClaim(b *testing.B, small, large *scaleFixture) (float64, float64) {
+	elapsed := map[*scaleFixture]time.Duration{}
+	for i := range b.N {
 		b.StopTimer()
-		f.fill(b, claimRows)
+		small.fill(b, claimRows)
+		large.fill(b, claimRows)
 		b.StartTimer()
-		elapsed += drain(b, f.client, f.schema, claimRows)
+		for _, f := range inTurns(i, small, large) {
+			elapsed[f] += drain(b, f.client, f.schema, claimRows)
+		}
 		b.StopTimer()
-		f.prune(b, claimRows)
+		small.prune(b, claimRows)
+		large.prune(b, claimRows)
 		b.StartTimer()
 	}
-	perRow := float64(elapsed.Nanoseconds()) / float64(b.N*claimRows)
-	b.ReportMetric(perRow, "ns/row")
-	return perRow
+	perRow := func(f *scaleFixture) float64 {
+		return float64(elapsed[f].Nanoseconds()) / float64(b.N*claimRows)
+	}
+	return perRow(small), perRow(large)
 }
 
-// benchGet times a Get of a random existing key.
-func benchGet(b *testing.B, f *scaleFixture) float64 {
+// benchGet times a Get of a random existing key, on each table in turn,
+// and returns the median time of each.
+func benchGet(b *testing.B, small, large *scaleFixture) (float64, float64) {
 	ctx := context.Background()
+	times := map[*scaleFixture][]time.Duration{}
 	b.ResetTimer()
 	for i := range b.N {
-		res, err := f.client.Get(ctx, f.sample[i%len(f.sample)])
-		require.NoError(b, err)
-		if res.State != outbox.StateSucceeded {
-			b.Fatalf("key %s is %s, want succeeded", res.Key, res.State)
+		for _, f := range inTurns(i, small, large) {
+			began := time.Now()
+			res, err := f.client.Get(ctx, f.sample[i%len(f.sample)])
+			times[f] = append(times[f], time.Since(began))
+			require.NoError(b, err)
+			if res.State != outbox.StateSucceeded {
+				b.Fatalf("key %s is %s, want succeeded", res.Key, res.State)
+			}
 		}
 	}
 	b.StopTimer()
-	return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	return medianNanoseconds(times[small]), medianNanoseconds(times[large])
 }
 
 // benchPrune times the expiry, then the deletion, of pruneRows finished
-// keys, and reports keys per second.
-func benchPrune(b *testing.B, f *scaleFixture) float64 {
-	var elapsed time.Duration
-	for range b.N {
+// keys, on each table in turn, and returns the keys per second of each.
+func benchPrune(b *testing.B, small, large *scaleFixture) (float64, float64) {
+	elapsed := map[*scaleFixture]time.Duration{}
+	for i := range b.N {
 		b.StopTimer()
-		f.fill(b, pruneRows)
-		drain(b, f.client, f.schema, pruneRows)
+		for _, f := range []*scaleFixture{small, large} {
+			f.fill(b, pruneRows)
+			drain(b, f.client, f.schema, pruneRows)
+		}
 		b.StartTimer()
-		began := time.Now()
-		f.prune(b, pruneRows)
-		elapsed += time.Since(began)
+		for _, f := range inTurns(i, small, large) {
+			began := time.Now()
+			f.prune(b, pruneRows)
+			elapsed[f] += time.Since(began)
+		}
 	}
-	perSecond := float64(b.N*pruneRows) / elapsed.Seconds()
-	b.ReportMetric(perSecond, "keys/s")
-	return perSecond
+	perSecond := func(f *scaleFixture) float64 {
+		return float64(b.N*pruneRows) / elapsed[f].Seconds()
+	}
+	return perSecond(small), perSecond(large)
+}
+
+// medianNanoseconds returns the median of times, in nanoseconds.
+func medianNanoseconds(times []time.Duration) float64 {
+	values := make([]float64, len(times))
+	for i, t := range times {
+		values[i] = float64(t.Nanoseconds())
+	}
+	return median(values)
 }
 
 // scaleFinish prints what BenchmarkScale measured, if it ran, and drops its
 // schemas.
 func scaleFinish() {
-	if len(scale.results) > 0 && len(scale.fixtures) > 0 {
+	if len(scale.results) > 0 && scale.ready {
 		printScale(os.Stdout)
 	}
 	if len(scale.schemas) == 0 {
@@ -358,16 +410,12 @@ func scaleFinish() {
 	}
 }
 
-// median returns the median of values.
-func median(values map[*testing.B]float64) float64 {
-	sorted := make([]float64, 0, len(values))
-	for _, v := range values {
-		sorted = append(sorted, v)
-	}
-	if len(sorted) == 0 {
+// median returns the median of values, or 0 for none.
+func median(values []float64) float64 {
+	if len(values) == 0 {
 		return 0
 	}
-	slices.Sort(sorted)
+	sorted := slices.Sorted(slices.Values(values))
 	if n := len(sorted); n%2 == 0 {
 		return (sorted[n/2-1] + sorted[n/2]) / 2
 	}
@@ -377,73 +425,68 @@ func median(values map[*testing.B]float64) float64 {
 // printScale writes the readable block of figures, then one line of JSON
 // after "storagebench-scale: ".
 func printScale(w io.Writer) {
-	fixtures := scale.fixtures
-	fmt.Fprintf(w, "\nstorage scale: medians of %d repetitions\n", len(scale.results[scaleMetrics[0].name][fixtures[0].keys]))
+	fixtures := []*scaleFixture{scale.small, scale.large}
+	fmt.Fprintf(w, "\nstorage scale: %d and %d finished keys\n", scale.small.keys, scale.large.keys)
 	fmt.Fprintf(w, "  tables (as built, after VACUUM (ANALYZE)):\n")
+	sizes := map[string]any{}
 	for _, f := range fixtures {
 		fmt.Fprintf(w, "    %d keys, built in %s (replicated in %s, vacuumed in %s)\n",
 			f.keys, f.build.Round(time.Millisecond), f.replicate.Round(time.Millisecond), f.vacuum.Round(time.Millisecond))
 		fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", "heap (incl. TOAST)", f.size.Heap+f.size.Toast, perKey(f.size.Heap+f.size.Toast, f.keys))
-		for _, index := range f.size.Indexes {
-			fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", index.Name, index.Bytes, perKey(index.Bytes, f.keys))
-		}
-		fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", "total", f.size.Total(), perKey(f.size.Total(), f.keys))
-	}
-	type figure struct {
-		Metric string             `json:"metric"`
-		Unit   string             `json:"unit"`
-		Median map[string]float64 `json:"median"`
-		Ratio  float64            `json:"ratio,omitempty"`
-		Reps   int                `json:"reps"`
-	}
-	var figures []figure
-	header := fmt.Sprintf("    %-10s %-8s", "operation", "unit")
-	for _, f := range fixtures {
-		header += fmt.Sprintf(" %14s", fmt.Sprintf("%d keys", f.keys))
-	}
-	fmt.Fprintf(w, "  operations:\n%s %8s\n", header, "ratio")
-	for _, metric := range scaleMetrics {
-		fig := figure{Metric: metric.name, Unit: metric.unit, Median: map[string]float64{}}
-		line := fmt.Sprintf("    %-10s %-8s", metric.name, metric.unit)
-		for _, f := range fixtures {
-			m := median(scale.results[metric.name][f.keys])
-			fig.Median[fmt.Sprint(f.keys)] = m
-			fig.Reps = len(scale.results[metric.name][f.keys])
-			line += fmt.Sprintf(" %14.0f", m)
-		}
-		if len(fixtures) == 2 {
-			small := fig.Median[fmt.Sprint(fixtures[0].keys)]
-			large := fig.Median[fmt.Sprint(fixtures[1].keys)]
-			if small > 0 {
-				fig.Ratio = large / small
-			}
-			line += fmt.Sprintf(" %8.3f", fig.Ratio)
-			switch {
-			case metric.cost && (metric.name == "SubmitTx" || metric.name == "Claim"):
-				verdict := "met"
-				if fig.Ratio > scaleTargetRatio {
-					verdict = "NOT met"
-				}
-				line += fmt.Sprintf("   target <= %.2f: %s", scaleTargetRatio, verdict)
-			case !metric.cost:
-				line += "   (a throughput: below 1 is slower)"
-			}
-		}
-		fmt.Fprintln(w, line)
-		figures = append(figures, fig)
-	}
-	sizes := map[string]any{}
-	for _, f := range fixtures {
 		indexes := map[string]int64{}
 		for _, index := range f.size.Indexes {
+			fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", index.Name, index.Bytes, perKey(index.Bytes, f.keys))
 			indexes[index.Name] = index.Bytes
 		}
+		fmt.Fprintf(w, "      %-32s %14d bytes %8.1f per key\n", "total", f.size.Total(), perKey(f.size.Total(), f.keys))
 		sizes[fmt.Sprint(f.keys)] = map[string]any{
 			"heap":          f.size.Heap + f.size.Toast,
 			"indexes":       indexes,
 			"total":         f.size.Total(),
 			"build_seconds": f.build.Seconds(),
 		}
+	}
+
+	type figure struct {
+		Metric string             `json:"metric"`
+		Unit   string             `json:"unit"`
+		Median map[string]float64 `json:"median"`
+		Ratio  float64            `json:"ratio"`
+		Reps   int                `json:"reps"`
+	}
+	var figures []figure
+	fmt.Fprintf(w, "  operations, medians of the repetitions (the ratio is the median of each repetition's %d-to-%d ratio):\n",
+		scale.large.keys, scale.small.keys)
+	fmt.Fprintf(w, "    %-10s %-8s %16s %16s %8s %5s\n", "operation", "unit",
+		fmt.Sprintf("%d keys", scale.small.keys), fmt.Sprintf("%d keys", scale.large.keys), "ratio", "reps")
+	for _, metric := range scaleMetrics {
+		var small, large, ratios []float64
+		for _, pair := range scale.results[metric.name] {
+			small, large = append(small, pair.small), append(large, pair.large)
+			if pair.small > 0 {
+				ratios = append(ratios, pair.large/pair.small)
+			}
+		}
+		fig := figure{
+			Metric: metric.name,
+			Unit:   metric.unit,
+			Median: map[string]float64{fmt.Sprint(scale.small.keys): median(small), fmt.Sprint(scale.large.keys): median(large)},
+			Ratio:  median(ratios),
+			Reps:   len(small),
+		}
+		line := fmt.Sprintf("    %-10s %-8s %16.0f %16.0f %8.3f %5d", metric.name, metric.unit, median(small), median(large), fig.Ratio, fig.Reps)
+		switch {
+		case metric.cost && (metric.name == "SubmitTx" || metric.name == "Claim"):
+			verdict := "met"
+			if fig.Ratio > scaleTargetRatio {
+				verdict = "NOT met"
+			}
+			line += fmt.Sprintf("   target <= %.2f: %s", scaleTargetRatio, verdict)
+		case !metric.cost:
+			line += "   (a throughput: below 1 is slower)"
+		}
+		fmt.Fprintln(w, line)
+		figures = append(figures, fig)
 	}
 	line, _ := json.Marshal(map[string]any{"figures": figures, "sizes": sizes})
 	fmt.Fprintf(w, "storagebench-scale: %s\n", line)
