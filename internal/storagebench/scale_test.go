@@ -29,8 +29,7 @@ const (
 	// scaleBaselineKeys is the small table every figure is compared with.
 	scaleBaselineKeys = 10_000
 
-	// scaleRepsEnv selects how many times each figure is measured at each
-	// scale, the scales taking turns.
+	// scaleRepsEnv selects how many times each sub-benchmark runs.
 	scaleRepsEnv     = "PGONCE_BENCH_SCALE_REPS"
 	scaleRepsDefault = 5
 
@@ -67,7 +66,7 @@ const (
 type scaleFixture struct {
 	keys   int64
 	schema string
-	// client adds keys that retire removes, on the database's clock.
+	// client adds the keys that prune removes, on the database's clock.
 	client *outbox.Client[pgx.Tx]
 	// pruner prunes with its clock ahead by ahead.
 	pruner *outbox.Client[pgx.Tx]
@@ -234,11 +233,14 @@ func buildScaleFixture(b *testing.B, keys int64) *scaleFixture {
 	f.size = measureTable(b, f.schema)
 	require.Equal(b, f.keys, f.size.Rows)
 
-	// A replica reads like the key it was copied from.
+	// A replica reads like the real key it was copied from.
 	res, err := templater.Get(ctx, f.sample[0])
 	require.NoError(b, err)
 	require.Equal(b, outbox.StateSucceeded, res.State)
+	require.Equal(b, refundTool, res.Tool)
+	require.Equal(b, 1, res.Attempts)
 	require.Len(b, res.Response, refundResponseBytes)
+	require.False(b, res.CompletedAt.IsZero())
 
 	config := outbox.Config{
 		Schema:             f.schema,
