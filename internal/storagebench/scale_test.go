@@ -201,14 +201,14 @@ func buildScaleFixture(b *testing.B, keys int64) *scaleFixture {
 	templates := submitBulk(b, templater, pgoncetest.Pool(b), templateKeys)
 	drain(b, templater, f.schema, templateKeys)
 
-	requireReplicaColumns(b, f.schema)
+	statement := replicaStatements(b, f.schema)
 	copyTemplates(b, f.schema)
 	copies := (keys+templateKeys-1)/templateKeys - 1
 	perChunk := max(1, int64(replicateChunkRows/templateKeys))
 	replicated := time.Now()
 	for first := int64(1); first <= copies; first += perChunk {
 		last := min(first+perChunk-1, copies)
-		require.Equal(b, (last-first+1)*templateKeys, replicate(b, f.schema, first, last))
+		require.Equal(b, (last-first+1)*templateKeys, replicate(b, statement, f.schema, first, last))
 		if copies > perChunk {
 			fmt.Fprintf(os.Stderr, "scale: %d of %d keys after %s\n",
 				(last+1)*templateKeys, (copies+1)*templateKeys, time.Since(began).Round(time.Second))
@@ -217,7 +217,7 @@ func buildScaleFixture(b *testing.B, keys int64) *scaleFixture {
 	f.replicate = time.Since(replicated)
 	f.keys = (copies + 1) * templateKeys
 	if copies > 0 {
-		for _, key := range sampleReplicaKeys(b, f.schema, templateKeys, copies, sampleKeys) {
+		for _, key := range sampleReplicaKeys(b, statement, f.schema, templateKeys, copies, sampleKeys) {
 			f.sample = append(f.sample, outbox.Key(key))
 		}
 	} else {
