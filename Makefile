@@ -68,6 +68,14 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FuzzSubmit needs 
 bench: ## Run the benchmarks, 6 counts each, for benchstat
 	go test -run='^$$' -bench=. -benchmem -count=6 -timeout=60m ./... | tee bench.txt
 
+.PHONY: bench-size
+bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_KEYS calls, default 100000)
+	go test -run='^$$' -bench='^BenchmarkSize$$' -benchtime=1x -count=1 -timeout=60m ./internal/storagebench/
+
+.PHONY: bench-scale
+bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS finished keys (default 10000000) and at 10000, PGONCE_BENCH_SCALE_REPS times (default 5)
+	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
+
 .PHONY: tidy
 tidy: ## go mod tidy
 	go mod tidy
