@@ -17,7 +17,7 @@
 //
 //		callTheHandlerTwice(t, client) // submits the same refund twice
 //
-//		if _, err := oncetest.Drain(ctx, client, nil); err != nil {
+//		if _, err := oncetest.Drain(t.Context(), client, nil); err != nil {
 //			t.Fatal(err)
 //		}
 //		oncetest.RequireCalledOnce(t, refunds, "refund", map[string]any{"order": 8842, "amount": "42.00"})
