@@ -15,13 +15,14 @@ import (
 
 // RecorderResponseDefault is what a [Recorder] without a RespondFunc
 // answers to every call.
-var RecorderResponseDefault = json.RawMessage(`{"ok":true}`)
+const RecorderResponseDefault = `{"ok":true}`
 
 // Recorder is an [outbox.Provider] that records every request it receives,
 // for [RequireCalledOnce] and [RequireNotCalled], and answers through
 // RespondFunc. Register one recorder per tool, or one for several: each
 // request names its tool. Its zero value is ready to use and safe for
-// concurrent use.
+// concurrent use. It has no Lookup: for a [outbox.LookupByNaturalID] tool,
+// register a type that embeds it and adds one.
 type Recorder struct {
 	// RespondFunc answers each call, as a provider would: return
 	// [outbox.Permanent] or [outbox.Ambiguous] to test those paths. nil
@@ -41,7 +42,7 @@ func (r *Recorder) Call(ctx context.Context, req outbox.Request) (json.RawMessag
 	r.calls = append(r.calls, req)
 	r.mu.Unlock()
 	if r.RespondFunc == nil {
-		return bytes.Clone(RecorderResponseDefault), nil
+		return json.RawMessage(RecorderResponseDefault), nil
 	}
 	return r.RespondFunc(ctx, req)
 }
