@@ -1,0 +1,225 @@
+package oncetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/attempt"
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/store"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// DrainMaxCallsDefault is how many attempts [Drain] makes at most, unless
+// [DrainOpts.MaxCalls] says otherwise.
+const DrainMaxCallsDefault = 1000
+
+// drainBatchSize is how many due keys one claim of Drain takes.
+const drainBatchSize = 100
+
+// DrainOpts are the optional parameters of [Drain]; nil means the defaults.
+type DrainOpts struct {
+	// MaxAttempts is the attempt after which a retryable failure becomes
+	// final, as [dispatcher.Config.MaxAttempts]. Defaults to
+	// [dispatcher.MaxAttemptsDefault].
+	MaxAttempts int
+
+	// BackoffFunc returns the delay before the retry that follows attempt
+	// (from 1). Defaults to [dispatcher.BackoffMinDefault] doubled at
+	// every attempt up to [dispatcher.BackoffMaxDefault], without the
+	// dispatcher's jitter, so that a test knows how far to move its
+	// [Clock]: 1s after the first attempt, 2s after the second.
+	BackoffFunc func(attempt int) time.Duration
+
+	// MaxCalls bounds the attempts one Drain makes; past it Drain returns
+	// [ErrDrainLimit]. Defaults to [DrainMaxCallsDefault].
+	MaxCalls int
+}
+
+// DrainResult says what [Drain] did. Keys lists the keys it attempted, in
+// the order it attempted them (a key retried within one Drain, after a
+// zero backoff, appears once per attempt); the counts say how the
+// attempts ended.
+type DrainResult struct {
+	Keys        []outbox.Key
+	Succeeded   int
+	Failed      int
+	NeedsReview int
+	Retried     int
+}
+
+// Attempts returns how many attempts Drain made.
+func (r DrainResult) Attempts() int { return len(r.Keys) }
+
+// Drain runs the due calls of client's registered tools synchronously, in
+// the calling goroutine, until none is due, and returns what it did. It
+// claims due pending keys as a dispatcher does (FOR UPDATE SKIP LOCKED,
+// under the client's lease, committed before any provider is called),
+// calls each key's provider in turn under the client's CallTimeout, and
+// records each outcome before the next call, so a provider that submits
+// calls of its own sees them run in the same Drain.
+//
+// Due means by the client's clock: [outbox.Config.NowFunc] when set (a
+// [Clock]), else the database's. A call that fails and is retried becomes
+// due again after its backoff, so it stays pending when Drain returns;
+// keys of tools the client does not register are left alone.
+//
+// Drain returns [ErrInvalidOpts] for a nil client or negative options,
+// [ErrDrainLimit] after opts.MaxCalls attempts with calls still due, and
+// an error wrapping the database's when a claim or a record fails. An
+// attempt already made when it fails stays recorded.
+func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *DrainOpts) (DrainResult, error) {
+	if client == nil {
+		return DrainResult{}, fmt.Errorf("%w: client must not be nil", ErrInvalidOpts)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return DrainResult{}, err
+	}
+	config := client.Config()
+	runner := attempt.Of(client)
+	worker := ident.WorkerID(config.WorkerID)
+	tools := config.Registry.Names()
+
+	var result DrainResult
+	for {
+		if len(tools) == 0 {
+			return result, nil
+		}
+		limit := min(drainBatchSize, o.MaxCalls-len(result.Keys)+1)
+		claimedAt := time.Now()
+		claimed, err := claim(ctx, runner, config, worker, tools, limit)
+		if err != nil {
+			return result, err
+		}
+		if len(claimed) == 0 {
+			return result, nil
+		}
+		for i, row := range claimed {
+			if len(result.Keys) == o.MaxCalls {
+				// The claims not run go back to pending at once: a test
+				// that drains again finds them due.
+				if err := release(ctx, runner, claimed[i:]); err != nil {
+					return result, err
+				}
+				return result, fmt.Errorf("%w: %d attempts", ErrDrainLimit, o.MaxCalls)
+			}
+			a := attemptOf(runner, config, row, claimedAt, o.MaxAttempts)
+			out := runner.Run(ctx, a, o.BackoffFunc)
+			if _, err := runner.Record(ctx, []attempt.Outcome{out}); err != nil {
+				return result, fmt.Errorf("record outcome of %s: %w", row.Key, err)
+			}
+			result.Keys = append(result.Keys, outbox.Key(row.Key))
+			switch out.Kind {
+			case attempt.Succeeded:
+				result.Succeeded++
+			case attempt.Failed:
+				result.Failed++
+			case attempt.NeedsReview:
+				result.NeedsReview++
+			case attempt.Retry:
+				result.Retried++
+			}
+		}
+	}
+}
+
+func (o *DrainOpts) withDefaults() (DrainOpts, error) {
+	var d DrainOpts
+	if o != nil {
+		d = *o
+	}
+	switch {
+	case d.MaxAttempts < 0:
+		return d, fmt.Errorf("%w: MaxAttempts must not be negative", ErrInvalidOpts)
+	case d.MaxCalls < 0:
+		return d, fmt.Errorf("%w: MaxCalls must not be negative", ErrInvalidOpts)
+	}
+	if d.MaxAttempts == 0 {
+		d.MaxAttempts = dispatcher.MaxAttemptsDefault
+	}
+	if d.MaxCalls == 0 {
+		d.MaxCalls = DrainMaxCallsDefault
+	}
+	if d.BackoffFunc == nil {
+		d.BackoffFunc = backoffDefault
+	}
+	return d, nil
+}
+
+// backoffDefault doubles from the dispatcher's minimum to its maximum.
+func backoffDefault(attempt int) time.Duration {
+	delay := dispatcher.BackoffMinDefault
+	for i := 1; i < attempt && delay < dispatcher.BackoffMaxDefault; i++ {
+		delay *= 2
+	}
+	return min(delay, dispatcher.BackoffMaxDefault)
+}
+
+func claim(ctx context.Context, runner *attempt.Runner, config outbox.Config, worker string, tools []string, limit int) ([]*store.ClaimedKey, error) {
+	ctx, cancel := context.WithTimeout(ctx, config.StatementTimeout)
+	defer cancel()
+	rows, err := runner.Store().ClaimBatch(ctx, &store.ClaimBatchParams{
+		Tools:  tools,
+		Max:    limit,
+		Lease:  config.Lease,
+		Worker: worker,
+		Now:    nowParam(config),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim due calls: %w", err)
+	}
+	return rows, nil
+}
+
+// release puts claimed keys that Drain will not run back to pending, due
+// at once. Their claim took an attempt number, which stays taken (the
+// fence needs it): the next attempt of such a key counts one more.
+func release(ctx context.Context, runner *attempt.Runner, rows []*store.ClaimedKey) error {
+	outs := make([]attempt.Outcome, 0, len(rows))
+	for _, row := range rows {
+		out := runner.NewOutcome(attempt.Attempt{
+			Tool:    runner.Tool(row.Tool),
+			Request: attempt.Request{Key: row.Key, Attempt: row.Attempt},
+		})
+		out.Kind, out.Ambiguous, out.Err = attempt.Retry, row.Ambiguous, errReleased
+		outs = append(outs, out)
+	}
+	if _, err := runner.Record(ctx, outs); err != nil {
+		return fmt.Errorf("release claims left by the drain limit: %w", err)
+	}
+	return nil
+}
+
+// errReleased is the last error of a key released unrun.
+var errReleased = errors.New("oncetest: claimed but not run: Drain reached MaxCalls")
+
+func attemptOf(runner *attempt.Runner, config outbox.Config, row *store.ClaimedKey, claimedAt time.Time, maxAttempts int) attempt.Attempt {
+	return attempt.Attempt{
+		Tool: runner.Tool(row.Tool),
+		Request: attempt.Request{
+			Key:       row.Key,
+			NaturalID: row.NaturalID,
+			Tool:      row.Tool,
+			Args:      row.Args,
+			Attempt:   row.Attempt,
+		},
+		Ambiguous:        row.Ambiguous,
+		FirstAttemptedAt: row.FirstAttemptedAt,
+		ClaimedNow:       row.Now,
+		ClaimedAt:        claimedAt,
+		MaxAttempts:      maxAttempts,
+		Lease:            config.Lease,
+	}
+}
+
+func nowParam(config outbox.Config) *time.Time {
+	if config.NowFunc == nil {
+		return nil
+	}
+	now := config.NowFunc()
+	return &now
+}

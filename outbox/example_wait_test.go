@@ -1,0 +1,111 @@
+package outbox_test
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// ExampleClient_Wait is a request handler's view: submit in the handler's
+// own transaction, commit, then wait for the outcome as long as the
+// request may take. A wait that runs out says where the key stands, and
+// the caller answers "in progress, retry later"; once a dispatcher has run
+// the call, a wait returns the stored response.
+func ExampleClient_Wait() {
+	ctx := context.Background()
+
+	// The database: PGONCE_TEST_DATABASE_URL, as pgonce's own tests use it.
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("PGONCE_TEST_DATABASE_URL"),
+		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer func() { _ = db.Close() }()
+
+	// A schema of its own, so that examples running at once never meet; a
+	// service migrates "pgonce" (the default) at start-up.
+	schema := "example_" + strings.ToLower(rand.Text())
+	if err := migrations.Up(ctx, db, schema); err != nil {
+		panic(err)
+	}
+	defer func() { _, _ = db.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA "`+schema+`" CASCADE`) }()
+
+	registry := outbox.NewRegistry()
+	refunds := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"refund_id":"re_1"}`), nil
+	})
+	if err := registry.Register("refund", refunds, outbox.IdempotentByKey); err != nil {
+		panic(err)
+	}
+	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	if err != nil {
+		panic(err)
+	}
+
+	// The handler: its own writes and the call commit together.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	res, err := client.SubmitTx(ctx, tx, outbox.Call{
+		RunID: "run_01J9Z",
+		Step:  3,
+		Tool:  "refund",
+		Args:  map[string]any{"order": 8842, "amount": "42.00"},
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		panic(err)
+	}
+
+	// No dispatcher runs yet: the wait ends with the request's deadline.
+	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	got, err := client.Wait(waitCtx, res.Key)
+	fmt.Printf("deadline=%t state=%s retry_after_set=%t\n",
+		errors.Is(err, context.DeadlineExceeded), got.State, got.RetryAfter > 0)
+
+	// With a dispatcher running, the next wait sees the outcome.
+	d, err := dispatcher.New(client, dispatcher.Config{})
+	if err != nil {
+		panic(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+
+	waitCtx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got, err = client.Wait(waitCtx, res.Key)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("state=%s response=%s\n", got.State, got.Response)
+
+	stop()
+	if err := <-done; err != nil { // Run has returned: the pool may close
+		panic(err)
+	}
+
+	// Output:
+	// deadline=true state=pending retry_after_set=true
+	// state=succeeded response={"refund_id":"re_1"}
+}
