@@ -24,6 +24,14 @@ import (
 // order a replay must keep.
 const declined = "{ \"code\" : \"card_declined\",\n  \"decline_code\":\"insufficient_funds\" }"
 
+// requireVerbatim asserts that got holds exactly the bytes of want: a
+// replay keeps the provider's spacing and member order, which JSON
+// equality would not check.
+func requireVerbatim(t *testing.T, want string, got []byte, msgAndArgs ...any) {
+	t.Helper()
+	require.Equal(t, []byte(want), got, msgAndArgs...)
+}
+
 // lookupFunc adapts a function to outbox.Lookuper.
 type lookupFunc func(ctx context.Context, req outbox.Request) (json.RawMessage, bool, error)
 
@@ -47,7 +55,7 @@ func testDispatcherFailureBodies[TTx any](t *testing.T, driver drivertest.Driver
 		require.NoError(t, err)
 		require.Equal(t, outbox.StateFailed, replay.State)
 		require.True(t, replay.Replayed())
-		require.Equal(t, []byte(failure), []byte(replay.Failure))
+		requireVerbatim(t, failure, replay.Failure)
 		require.Equal(t,
 			`{"status":"failed","key":"`+string(replay.Key)+`","replayed":true,"failure":`+failure+`}`,
 			string(replay.Observation().JSON()))
@@ -65,7 +73,7 @@ func testDispatcherFailureBodies[TTx any](t *testing.T, driver drivertest.Driver
 
 		key := submit(t, bundle.client, "refund", 1)
 		failed := awaitState(t, bundle.client, key, outbox.StateFailed)
-		require.Equal(t, []byte(declined), []byte(failed.Failure))
+		requireVerbatim(t, declined, failed.Failure)
 		require.Equal(t, "permanent: card declined", failed.LastError)
 		requireReplayed(t, bundle.client, call("refund", 1), declined)
 		calls, _ := bundle.ledger.count(key)
@@ -85,7 +93,7 @@ func testDispatcherFailureBodies[TTx any](t *testing.T, driver drivertest.Driver
 
 		key := submit(t, bundle.client, "refund", 1)
 		failed := awaitState(t, bundle.client, key, outbox.StateFailed)
-		require.Equal(t, []byte(body), []byte(failed.Failure))
+		requireVerbatim(t, body, failed.Failure)
 		obs := failed.Observation().JSON()
 		require.True(t, json.Valid(obs) && utf8.Valid(obs))
 		require.True(t, bytes.HasSuffix(obs, []byte(`,"failure":"declined \u0000\ufffd"}`)), "observed as a JSON string: %s", obs)
@@ -114,7 +122,7 @@ func testDispatcherFailureBodies[TTx any](t *testing.T, driver drivertest.Driver
 
 		key := submit(t, client, "provision", 1)
 		failed := awaitState(t, client, key, outbox.StateFailed)
-		require.Equal(t, []byte(declined), []byte(failed.Failure))
+		requireVerbatim(t, declined, failed.Failure)
 		require.Equal(t, "lookup: permanent: charge found declined", failed.LastError)
 		require.Equal(t, int64(1), lookups.Load())
 		calls, _ := bundle.ledger.count(key)

@@ -20,6 +20,14 @@ import (
 // order a replay must keep.
 const declined = "{ \"code\" : \"card_declined\",\n  \"decline_code\":\"insufficient_funds\" }"
 
+// requireVerbatim asserts that got holds exactly the bytes of want: a
+// replay keeps the provider's spacing and member order, which JSON
+// equality would not check.
+func requireVerbatim(t *testing.T, want string, got []byte, msgAndArgs ...any) {
+	t.Helper()
+	require.Equal(t, []byte(want), got, msgAndArgs...)
+}
+
 func TestPermanentBody(t *testing.T) {
 	t.Parallel()
 
@@ -40,10 +48,10 @@ func TestPermanentBody(t *testing.T) {
 		copy(buf, "XXXXXXXXXX")
 		var permanent *outbox.PermanentError
 		require.ErrorAs(t, err, &permanent)
-		require.Equal(t, `{"code":"card_declined"}`, string(permanent.Body()))
+		requireVerbatim(t, `{"code":"card_declined"}`, permanent.Body())
 		// Body returns a copy too.
 		permanent.Body()[0] = 'X'
-		require.Equal(t, `{"code":"card_declined"}`, string(permanent.Body()))
+		requireVerbatim(t, `{"code":"card_declined"}`, permanent.Body())
 	})
 
 	t.Run("WrapsItsCause", func(t *testing.T) {
@@ -112,16 +120,16 @@ func testFailureBodies[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.StateFailed, again.State)
 		require.True(t, again.Replayed())
-		require.Equal(t, []byte(failure), []byte(again.Failure))
+		requireVerbatim(t, failure, again.Failure)
 		submitted, err := client.Submit(t.Context(), call)
 		require.NoError(t, err)
-		require.Equal(t, []byte(failure), []byte(submitted.Failure))
+		requireVerbatim(t, failure, submitted.Failure)
 		got, err := client.Get(t.Context(), again.Key)
 		require.NoError(t, err)
-		require.Equal(t, []byte(failure), []byte(got.Failure))
+		requireVerbatim(t, failure, got.Failure)
 		waited, err := client.Wait(t.Context(), again.Key)
 		require.NoError(t, err)
-		require.Equal(t, []byte(failure), []byte(waited.Failure))
+		requireVerbatim(t, failure, waited.Failure)
 		require.Equal(t, before, calls(), "a failure is replayed, never run again")
 	}
 
@@ -134,7 +142,7 @@ func testFailureBodies[TTx any](t *testing.T, h driverHarness[TTx]) {
 		res, err := bundle.client.Do(t.Context(), call, provider)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StateFailed, res.State)
-		require.Equal(t, []byte(declined), []byte(res.Failure))
+		requireVerbatim(t, declined, res.Failure)
 		require.Equal(t, "permanent: card declined", res.LastError)
 		require.Equal(t,
 			`{"status":"failed","key":"`+string(res.Key)+`","failure":`+declined+`}`,
@@ -149,7 +157,7 @@ func testFailureBodies[TTx any](t *testing.T, h driverHarness[TTx]) {
 
 		res, err := bundle.client.Do(t.Context(), refundCall("run-wrapped"), provider)
 		require.NoError(t, err)
-		require.Equal(t, []byte(declined), []byte(res.Failure))
+		requireVerbatim(t, declined, res.Failure)
 		require.Contains(t, res.LastError, "failure body", "without a cause, the last error shows the body")
 		require.Contains(t, res.LastError, "card_declined")
 	})
@@ -190,7 +198,7 @@ func testFailureBodies[TTx any](t *testing.T, h driverHarness[TTx]) {
 			res, err := bundle.client.Do(t.Context(), call, provider)
 			require.NoError(t, err, tt.name)
 			require.Equal(t, outbox.StateFailed, res.State, tt.name)
-			require.Equal(t, []byte(tt.body), []byte(res.Failure), tt.name)
+			requireVerbatim(t, tt.body, res.Failure, tt.name)
 			require.True(t, utf8.ValidString(res.LastError), tt.name)
 			obs := res.Observation().JSON()
 			require.True(t, json.Valid(obs) && utf8.Valid(obs), tt.name)
@@ -217,7 +225,7 @@ func testFailureBodies[TTx any](t *testing.T, h driverHarness[TTx]) {
 		res, err := bundle.client.Do(t.Context(), call, nil)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StateFailed, res.State)
-		require.Equal(t, []byte(declined), []byte(res.Failure))
+		requireVerbatim(t, declined, res.Failure)
 		require.Equal(t, "lookup: permanent: charge found declined", res.LastError)
 		require.Equal(t, int64(1), provider.calls.Load(), "a failure found is not called again")
 		requireReplays(t, bundle.client, call, provider, provider.calls.Load, declined)

@@ -22,6 +22,14 @@ import (
 // order a replay must keep.
 const declined = "{ \"code\" : \"card_declined\",\n  \"decline_code\":\"insufficient_funds\" }"
 
+// requireVerbatim asserts that got holds exactly the bytes of want: a
+// replay keeps the provider's spacing and member order, which JSON
+// equality would not check.
+func requireVerbatim(t *testing.T, want string, got []byte, msgAndArgs ...any) {
+	t.Helper()
+	require.Equal(t, []byte(want), got, msgAndArgs...)
+}
+
 // declinedLookup finds every action failed for good, with its own body.
 type declinedLookup struct{ *payments }
 
@@ -59,12 +67,12 @@ func testRunOnceFailureBodiesAndLogs[TTx any](t *testing.T, driver drivertest.Dr
 	res, err := bundle.client.Get(t.Context(), failed)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateFailed, res.State)
-	require.Equal(t, []byte(declined), []byte(res.Failure))
+	requireVerbatim(t, declined, res.Failure)
 	require.Equal(t, "lookup: permanent: charge found declined", res.LastError)
 	replay, err := bundle.client.Submit(t.Context(), call("provision", 2))
 	require.NoError(t, err)
 	require.True(t, replay.Replayed())
-	require.Equal(t, []byte(declined), []byte(replay.Failure))
+	requireVerbatim(t, declined, replay.Failure)
 	require.Equal(t, `{"status":"failed","key":"`+string(failed)+`","replayed":true,"failure":`+declined+`}`,
 		string(replay.Observation().JSON()))
 	require.Zero(t, bundle.payments.calls, "the reconciler never calls a provider")
