@@ -250,6 +250,25 @@ func testFailureBodies[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.Equal(t, int64(1), provider.calls.Load(), "nothing is called while the outcome is unknown")
 	})
 
+	t.Run("ResolvedFailureIsReplayedByteForByte", func(t *testing.T) {
+		t.Parallel()
+		provider := &countingProvider{err: outbox.Ambiguous(errors.New("connection reset after send"))}
+		bundle := setup(t, func(r *outbox.Registry) {
+			require.NoError(t, r.Register("email", provider, outbox.AtMostOnce))
+		})
+		call := outbox.Call{RunID: "run-resolve", Step: 1, Tool: "email", Args: map[string]any{}}
+		review, err := bundle.client.Do(t.Context(), call, nil)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateNeedsReview, review.State)
+
+		resolved, err := bundle.client.Resolve(t.Context(), review.Key, outbox.Resolution{
+			Action: outbox.ResolveFailed, Failure: json.RawMessage(declined), By: "ops", Reason: "the mail log shows a bounce",
+		})
+		require.NoError(t, err)
+		requireVerbatim(t, declined, resolved.Failure)
+		requireReplays(t, bundle.client, call, provider, provider.calls.Load, declined)
+	})
+
 	t.Run("DoLogsFinalFailuresAsWarnings", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t, func(r *outbox.Registry) {
