@@ -91,7 +91,8 @@ type Config struct {
 	// NotifyDisabled leaves the notifications of finished and released
 	// keys out.
 	NotifyDisabled bool
-	// Logger receives the runner's logs.
+	// Logger receives the runner's logs, unless the context of a call
+	// carries another ([WithLogger]).
 	Logger *slog.Logger
 	// NowFunc, when set, replaces the database's clock in statements.
 	NowFunc func() time.Time
@@ -99,7 +100,10 @@ type Config struct {
 	ToolFunc func(name string) *Tool
 	// Classify tells a provider's errors apart.
 	Classify func(err error) ErrorKind
-	// FailureBody is the JSON stored for a permanent failure.
+	// FailureBody is what is stored for a permanent failure (an error
+	// Classify reports as [Permanent], or a retryable one at the attempt
+	// limit): the provider's own failure bytes when err carries them,
+	// verbatim, and err's text as JSON otherwise.
 	FailureBody func(err error) json.RawMessage
 	// AmbiguousFunc wraps err as an error whose effect is unknown (a
 	// panic's), which Classify reports as [Ambiguous].
