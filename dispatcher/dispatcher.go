@@ -278,15 +278,18 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 		for _, p := range pending {
 			batch = append(batch, p.outcome)
 		}
-		// Record tries again after transient failures, within the leases.
-		if _, err := d.attempts.Record(context.Background(), batch); err != nil {
+		// Record tries again after transient failures, within the leases,
+		// and logs what an operator must act on (review, failure) to the
+		// dispatcher's logger; retries are logged here, at debug.
+		if _, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch); err != nil {
 			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
 				"error", err, "outcomes", len(batch))
 		}
 		for _, p := range pending {
 			close(p.recorded)
 			if o := p.outcome; o.Kind == attempt.Retry {
-				d.logger.Debug("pgonce: attempt failed, will retry", "key", o.Key, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
+				d.logger.Debug("pgonce: attempt failed, will retry",
+					"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,8 +19,10 @@ import (
 // A provider that honours idempotency keys passes [Request.Key] downstream
 // (for example as an Idempotency-Key header). The returned bytes are stored
 // verbatim and replayed to every duplicate. Return [Permanent] for a failure
-// that must not be retried, [Ambiguous] when the effect may or may not have
-// happened, and any other error for a failure known to have changed nothing.
+// that must not be retried ([PermanentBody] to store the provider's own
+// failure bytes, replayed verbatim like a response), [Ambiguous] when the
+// effect may or may not have happened, and any other error for a failure
+// known to have changed nothing.
 type Provider interface {
 	Call(ctx context.Context, req Request) (json.RawMessage, error)
 }
@@ -35,6 +38,12 @@ func (f ProviderFunc) Call(ctx context.Context, req Request) (json.RawMessage, e
 // Lookuper is implemented by providers that can answer "did the action with
 // this natural id happen?" It is required for [LookupByNaturalID] tools: after
 // an ambiguous attempt, Lookup runs before any new call (read before write).
+//
+// Found, its response is stored as the key's, verbatim. An error wrapped
+// with [Permanent] or [PermanentBody] says the action was found to have
+// failed for good: the key fails with that failure, stored and replayed as a
+// provider's. Any other error leaves the outcome unknown, and the lookup is
+// tried again on the next attempt.
 type Lookuper interface {
 	Lookup(ctx context.Context, req Request) (resp json.RawMessage, found bool, err error)
 }
@@ -186,12 +195,23 @@ func (r *Registry) Names() []string {
 }
 
 // PermanentError marks a provider failure that must not be retried. It is
-// stored as the key's failure and replayed to every duplicate.
+// stored as the key's failure and replayed to every duplicate. [Permanent]
+// and [PermanentBody] make one; a PermanentError built directly stores its
+// error as [Permanent] does.
 type PermanentError struct {
+	// Err is the failure's cause, for logs and the key's last error. It may
+	// be nil for one made by [PermanentBody].
 	Err error
+
+	// body, when not empty, is stored as the failure verbatim.
+	body json.RawMessage
 }
 
-// Permanent wraps err as a failure that must not be retried.
+// Permanent wraps err as a failure that must not be retried. The failure
+// stored and replayed is err's text as a JSON object,
+// {"error":"<err's text>"}: valid UTF-8 (each invalid byte and NUL becomes
+// U+FFFD), at most 2 KiB of text. It returns nil for a nil err. To store the
+// provider's own failure bytes, use [PermanentBody].
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -199,8 +219,45 @@ func Permanent(err error) error {
 	return &PermanentError{Err: err}
 }
 
-// Error returns the wrapped error's text.
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+// PermanentBody returns a failure that must not be retried whose stored
+// failure is body, byte for byte: the provider's own failure response (say
+// {"code":"card_declined"}), replayed verbatim in [Result.Failure] to every
+// duplicate, as a success response is. err is the cause, kept for logs and
+// as the key's last error; it may be nil, and the last error then shows the
+// body.
+//
+// body is copied: the caller may reuse its buffer. It is stored whatever it
+// holds, as responses are; bytes that are not valid JSON in valid UTF-8 are
+// kept verbatim in [Result.Failure] and appear in the [Observation] as a
+// JSON string. An empty body stores err as [Permanent] does. PermanentBody
+// never returns nil, so a provider that returns it always fails.
+//
+// A [Lookuper] may return it too, for an action it finds that failed for
+// good.
+func PermanentBody(body json.RawMessage, err error) error {
+	return &PermanentError{Err: err, body: bytes.Clone(body)}
+}
+
+// Body returns the failure bytes given to [PermanentBody], or nil when the
+// failure stored is the error's text.
+func (e *PermanentError) Body() json.RawMessage {
+	if len(e.body) == 0 {
+		return nil
+	}
+	return bytes.Clone(e.body)
+}
+
+// Error returns the wrapped error's text, or the failure body's when there
+// is no error.
+func (e *PermanentError) Error() string {
+	switch {
+	case e.Err != nil:
+		return "permanent: " + e.Err.Error()
+	case len(e.body) > 0:
+		return "permanent: failure body " + attempt.SanitizeText(string(e.body))
+	}
+	return "permanent failure"
+}
 
 // Unwrap returns the wrapped error.
 func (e *PermanentError) Unwrap() error { return e.Err }
@@ -235,12 +292,18 @@ func IsAmbiguous(err error) bool {
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
-// failureBody is the JSON stored for a permanent failure: valid UTF-8, with
-// no NUL escaped into it, of bounded size (see [attempt.SanitizeText]).
+// failureBody is what is stored for a permanent failure: the body of a
+// [PermanentBody], verbatim; otherwise the error's text as JSON, valid UTF-8,
+// with no NUL escaped into it, of bounded size (see [attempt.SanitizeText]).
 func failureBody(err error) json.RawMessage {
 	var permanent *PermanentError
 	if errors.As(err, &permanent) {
-		err = permanent.Err
+		if len(permanent.body) > 0 {
+			return permanent.body
+		}
+		if permanent.Err != nil {
+			err = permanent.Err
+		}
 	}
 	body, _ := json.Marshal(struct {
 		Error string `json:"error"`

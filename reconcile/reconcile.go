@@ -119,6 +119,10 @@ const (
 	OutcomeLookupFailed Outcome = "lookup_failed"
 	// OutcomeSuperseded: someone else recorded the row first.
 	OutcomeSuperseded Outcome = "superseded"
+	// OutcomeFailed: a lookup found that the action failed for good (it
+	// returned an [outbox.Permanent] or [outbox.PermanentBody] error); the
+	// key fails with that failure.
+	OutcomeFailed Outcome = "failed"
 )
 
 // Report counts what one [Reconciler.RunOnce] examined and did. It is
@@ -205,13 +209,18 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 			report.count(row.Tool, labels[i])
 			tools[outcomes[i].Key] = row.Tool
 		}
-		written, err := r.attempts.Record(ctx, outcomes)
+		// Record logs what an operator must act on (review, failure) to
+		// the reconciler's logger; requeues are logged here, at debug.
+		written, err := r.attempts.Record(attempt.WithLogger(ctx, r.logger), outcomes)
 		if err != nil {
 			return report, err
 		}
 		for _, out := range outcomes {
 			if !written[out.Key] {
 				report.count(tools[out.Key], OutcomeSuperseded)
+			} else if out.Kind == attempt.Retry {
+				r.logger.DebugContext(ctx, "pgonce: reconciler requeued a key whose lease expired",
+					"key", out.Key, "tool", out.Tool, "attempt", out.Attempt, "error", out.Err)
 			}
 		}
 		if r.config.ProgressFunc != nil {
@@ -303,6 +312,9 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 	case attempt.SettleLookupFailed:
 		out.Err = err
 		return out, OutcomeLookupFailed
+	case attempt.SettleFailed:
+		out.Kind, out.Failure, out.Err, out.Ambiguous = attempt.Failed, resp, err, false
+		return out, OutcomeFailed
 	case attempt.SettleNotFound:
 		out.Ambiguous = false
 		return out, OutcomeRequeued

@@ -91,7 +91,8 @@ type Config struct {
 	// NotifyDisabled leaves the notifications of finished and released
 	// keys out.
 	NotifyDisabled bool
-	// Logger receives the runner's logs.
+	// Logger receives the runner's logs, unless the context of a call
+	// carries another ([WithLogger]).
 	Logger *slog.Logger
 	// NowFunc, when set, replaces the database's clock in statements.
 	NowFunc func() time.Time
@@ -99,7 +100,10 @@ type Config struct {
 	ToolFunc func(name string) *Tool
 	// Classify tells a provider's errors apart.
 	Classify func(err error) ErrorKind
-	// FailureBody is the JSON stored for a permanent failure.
+	// FailureBody is what is stored for a permanent failure (an error
+	// Classify reports as [Permanent], or a retryable one at the attempt
+	// limit): the provider's own failure bytes when err carries them,
+	// verbatim, and err's text as JSON otherwise.
 	FailureBody func(err error) json.RawMessage
 	// AmbiguousFunc wraps err as an error whose effect is unknown (a
 	// panic's), which Classify reports as [Ambiguous].
@@ -223,6 +227,7 @@ func (k Kind) storedState() string {
 // Outcome is how an attempt ended, ready to be recorded.
 type Outcome struct {
 	Key       string
+	Tool      string
 	Attempt   int
 	Kind      Kind
 	Response  json.RawMessage
@@ -232,6 +237,9 @@ type Outcome struct {
 	RetryDelay time.Duration
 	Ambiguous  bool
 	Err        error
+	// GaveUp reports a final outcome that a retryable or uncertain failure
+	// became at the attempt limit ([Attempt.MaxAttempts]).
+	GaveUp bool
 	// LeaseDeadline, when set, is the local time by which the attempt's
 	// lease surely still holds: [Runner.Record] tries no statement again
 	// past it.
@@ -243,6 +251,7 @@ type Outcome struct {
 func (r *Runner) NewOutcome(a Attempt) Outcome {
 	return Outcome{
 		Key:           a.Request.Key,
+		Tool:          a.Request.Tool,
 		Attempt:       a.Request.Attempt,
 		Retention:     cmp.Or(a.Tool.Retention, r.config.Retention),
 		LeaseDeadline: a.leaseDeadline(),
@@ -262,9 +271,13 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 	if a.Ambiguous {
 		switch how, resp, err := r.Settle(ctx, a); how {
 		case SettleReview:
+			out.Err = err
 			return out.needsReview()
 		case SettleFound:
 			return out.succeeded(resp)
+		case SettleFailed:
+			out.Kind, out.Failure, out.Err = Failed, resp, err
+			return out
 		case SettleLookupFailed:
 			return out.retry(a, backoff, true, err, r.config.FailureBody)
 		case SettleNotFound:
@@ -309,6 +322,10 @@ const (
 	SettleReview
 	// SettleLookupFailed: the lookup failed; the outcome is still unknown.
 	SettleLookupFailed
+	// SettleFailed: a lookup found that the action failed for good (it
+	// returned an error [Config.Classify] reports as [Permanent]); the
+	// failure to store comes along.
+	SettleFailed
 )
 
 // Settle decides, without calling the provider, how attempt a may proceed
@@ -318,17 +335,23 @@ const (
 // lookup go to review; the rest retry by key. A lookup runs under
 // [Config.CallTimeout] and a panic in it becomes an error. It is shared by
 // [Runner.Run] and the reconciler.
+//
+// The error says why for [SettleReview], [SettleLookupFailed] and
+// [SettleFailed]; the bytes are the response found for [SettleFound] and the
+// failure to store (see [Config.FailureBody]) for [SettleFailed].
 func (r *Runner) Settle(ctx context.Context, a Attempt) (Settlement, json.RawMessage, error) {
 	tool := a.Tool
 	pastKeyWindow := tool.Delivery == ByKey && tool.KeyRetention > 0 &&
 		!a.FirstAttemptedAt.IsZero() && a.sinceFirstAttempt() > tool.KeyRetention
 	switch {
 	case tool.Delivery == AtMostOnce:
-		return SettleReview, nil, nil
+		return SettleReview, nil, errors.New("an earlier attempt's outcome is unknown, and an at-most-once tool is never tried again")
 	case tool.Delivery == ByLookup || (pastKeyWindow && tool.Lookup != nil):
 		// Read before write: the earlier attempt may have acted.
 		resp, found, err := r.lookup(ctx, tool, a.Request)
 		switch {
+		case err != nil && r.config.Classify(err) == Permanent:
+			return SettleFailed, r.config.FailureBody(err), fmt.Errorf("lookup: %w", err)
 		case err != nil:
 			return SettleLookupFailed, nil, fmt.Errorf("lookup: %w", err)
 		case found:
@@ -340,7 +363,7 @@ func (r *Runner) Settle(ctx context.Context, a Attempt) (Settlement, json.RawMes
 		return SettleNotFound, nil, nil
 	case pastKeyWindow:
 		// The provider has forgotten the key: a retry could act twice.
-		return SettleReview, nil, nil
+		return SettleReview, nil, fmt.Errorf("an earlier attempt's outcome is unknown, and the provider's key retention of %s has passed", tool.KeyRetention)
 	}
 	return SettleByKey, nil, nil
 }
@@ -376,6 +399,7 @@ func (o Outcome) needsReview() Outcome {
 func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous bool, err error, failureBody func(error) json.RawMessage) Outcome {
 	o.Err, o.Ambiguous = err, ambiguous
 	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts {
+		o.GaveUp = true
 		if ambiguous && a.Tool.Delivery != ByKey {
 			return o.needsReview()
 		}
@@ -397,7 +421,7 @@ func (r *Runner) call(ctx context.Context, tool *Tool, req Request) (resp json.R
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			r.config.Logger.ErrorContext(ctx, "pgonce: provider panicked",
+			r.logger(ctx).ErrorContext(ctx, "pgonce: provider panicked",
 				"tool", req.Tool, "key", req.Key, "attempt", req.Attempt, "panic", p, "stack", string(debug.Stack()))
 			err = r.config.AmbiguousFunc(fmt.Errorf("provider panicked: %v", p))
 		}
@@ -410,7 +434,7 @@ func (r *Runner) lookup(ctx context.Context, tool *Tool, req Request) (resp json
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			r.config.Logger.ErrorContext(ctx, "pgonce: lookup panicked",
+			r.logger(ctx).ErrorContext(ctx, "pgonce: lookup panicked",
 				"tool", req.Tool, "key", req.Key, "panic", p, "stack", string(debug.Stack()))
 			err = fmt.Errorf("lookup panicked: %v", p)
 		}

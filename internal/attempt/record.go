@@ -42,6 +42,11 @@ const (
 // its last error, so that it is never attempted again, and is logged in
 // full; after any other failure its key stays in flight for the reconciler.
 //
+// Every final outcome an operator may have to act on (a failure, a key sent
+// to review) is logged as a warning once it is recorded; see
+// [Runner.logFinal]. Logs go to the logger of ctx ([WithLogger]), or else
+// [Config.Logger].
+//
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
@@ -82,7 +87,7 @@ func (r *Runner) recordAll(ctx context.Context, until time.Time, outs []Outcome,
 	case len(outs) > 1:
 		// One row's bad data fails its whole statement: write row by row, so
 		// that only the bad row is affected.
-		r.config.Logger.WarnContext(ctx, "pgonce: recording a batch of outcomes failed; recording them one by one",
+		r.logger(ctx).WarnContext(ctx, "pgonce: recording a batch of outcomes failed; recording them one by one",
 			"error", err, "outcomes", len(outs))
 		errs := make([]error, 0, len(outs))
 		for _, o := range outs {
@@ -100,11 +105,12 @@ func (r *Runner) recordAll(ctx context.Context, until time.Time, outs []Outcome,
 // is (err says why) to review, so that it is never attempted again: what its
 // provider did is known only to the log.
 func (r *Runner) recordUnrecordable(ctx context.Context, until time.Time, o Outcome, err error, written map[string]bool) error {
-	r.config.Logger.ErrorContext(ctx, "pgonce: an outcome cannot be recorded; its key goes to review",
+	r.logger(ctx).ErrorContext(ctx, "pgonce: an outcome cannot be recorded; its key goes to review",
 		"key", o.Key, "attempt", o.Attempt, "outcome", o.Kind.String(), "response", string(o.Response),
 		"failure", string(o.Failure), "outcome_error", errorText(o.Err), "error", err)
 	review := Outcome{
 		Key:     o.Key,
+		Tool:    o.Tool,
 		Attempt: o.Attempt,
 		Kind:    NeedsReview,
 		Err:     fmt.Errorf("%s outcome could not be recorded: %w", o.Kind, err),
@@ -135,6 +141,7 @@ func (r *Runner) readBackRecorded(ctx context.Context, until time.Time, outs []O
 		for _, key := range keys {
 			written[key] = true
 		}
+		r.logRecorded(ctx, outs, keys)
 		return err
 	})
 	if err != nil {
@@ -159,7 +166,7 @@ func (r *Runner) retryTransient(ctx context.Context, until time.Time, try func(c
 		if time.Now().Add(wait).After(until) {
 			return mayHaveRun, err
 		}
-		r.config.Logger.WarnContext(ctx, "pgonce: recording outcomes failed; trying again",
+		r.logger(ctx).WarnContext(ctx, "pgonce: recording outcomes failed; trying again",
 			"error", err, "retry_in", wait)
 		timer := time.NewTimer(wait)
 		select {
@@ -169,6 +176,23 @@ func (r *Runner) retryTransient(ctx context.Context, until time.Time, try func(c
 		case <-timer.C:
 		}
 		wait = min(2*wait, recordRetryMax)
+	}
+}
+
+// logRecorded logs, with [Runner.logFinal], the outcomes of outs whose keys
+// were just recorded.
+func (r *Runner) logRecorded(ctx context.Context, outs []Outcome, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	recorded := make(map[string]bool, len(keys))
+	for _, key := range keys {
+		recorded[key] = true
+	}
+	for _, o := range outs {
+		if recorded[o.Key] {
+			r.logFinal(ctx, o)
+		}
 	}
 }
 
@@ -206,6 +230,7 @@ func (r *Runner) finish(ctx context.Context, outs []Outcome, written map[string]
 	for _, key := range keys {
 		written[key] = true
 	}
+	r.logRecorded(ctx, outs, keys)
 	return nil
 }
 
