@@ -212,8 +212,9 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		existing, err := exec.KeyGetByKeyOrScope(ctx, string(d.Key), d.Scope, c.nowParam())
 		if err == nil {
 			if existing.State == dbStateExpired {
-				// The action, or another one in its scope, already ran.
-				return Result{}, nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
+				// The action, or another one in its scope, already ran: the
+				// tombstone's Result comes with the error, as Get's does.
+				return c.resultFromRow(existing, false), nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
 			}
 			if existing.Key != string(d.Key) || existing.Fingerprint != storedFingerprint(call, d) {
 				return Result{}, nil, &KeyConflictError{
