@@ -70,7 +70,7 @@ const (
 	messageInvalidArguments = "the arguments cannot be used as they are (see path and reason), so nothing ran; correct them and ask again"
 	messageUnknownTool      = "no tool of this name is available, so nothing ran; use one of the tools you were given"
 	messageInvalidCall      = "the service could not make this call (see field and reason); the arguments are not at fault and nothing ran; do not ask again until the service is fixed"
-	messageNotFound         = "no action was ever asked for under this key"
+	messageNotFound         = "no action was ever asked for under this key, so nothing ran; ask for the action itself if it is still wanted"
 	messageUnavailable      = "the action could not be checked or recorded just now; ask again with the same arguments after retry_after_ms: it never runs twice"
 	messageError            = "the service failed while handling this action; asking again with the same arguments never runs it twice, but may fail the same way"
 )
