@@ -103,7 +103,7 @@ func testGateway[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 		require.NoError(t, err)
 		resp, err := server.Client().Do(req)
 		require.NoError(t, err)
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		var doc map[string]any
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&doc))
 		return resp, doc
