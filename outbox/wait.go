@@ -138,7 +138,9 @@ func waitDone(ctx context.Context, res Result, key Key, lastErr error) error {
 //
 // The key's creation time identifies the claim: when the row found has
 // another one than res.CreatedAt (res's transaction rolled back and another
-// request created the key since), Created is false. The errors are Wait's;
+// request created the key since), Created is false. (Under a
+// [Config.NowFunc] that stands still, two claims can share a creation
+// time.) The errors are Wait's;
 // a res without a key returns [ErrInvalidKey].
 func (c *Client[TTx]) WaitResult(ctx context.Context, res Result) (Result, error) {
 	got, err := c.Wait(ctx, res.Key)
