@@ -103,19 +103,33 @@ const (
 // UTF-8 JSON. [Result.Response] and [Result.Failure] keep the stored bytes
 // verbatim.
 type Observation struct {
-	Status       ObservationStatus `json:"status"`
-	Key          Key               `json:"key,omitempty"`
-	Replayed     bool              `json:"replayed,omitempty"`
-	ExistingKey  Key               `json:"existing_key,omitempty"`
-	ExistingTool string            `json:"existing_tool,omitempty"`
-	Field        string            `json:"field,omitempty"`
-	Path         string            `json:"path,omitempty"`
-	Reason       string            `json:"reason,omitempty"`
-	Response     json.RawMessage   `json:"response,omitempty"`
-	Failure      json.RawMessage   `json:"failure,omitempty"`
-	RetryAfterMS int64             `json:"retry_after_ms,omitempty"`
-	CompletedAt  *time.Time        `json:"completed_at,omitempty"`
-	Message      string            `json:"message,omitempty"`
+	// Status says which outcome this is.
+	Status ObservationStatus `json:"status"`
+	// Key is the action's key, when the outcome concerns one.
+	Key Key `json:"key,omitempty"`
+	// Replayed reports an outcome that belongs to an earlier request.
+	Replayed bool `json:"replayed,omitempty"`
+	// ExistingKey and ExistingTool name, for a conflict, the action that
+	// holds the step or the business key.
+	ExistingKey  Key    `json:"existing_key,omitempty"`
+	ExistingTool string `json:"existing_tool,omitempty"`
+	// Field names, for an invalid call, the offending [Call] field.
+	Field string `json:"field,omitempty"`
+	// Path locates, for invalid arguments, the offending value.
+	Path string `json:"path,omitempty"`
+	// Reason states, for invalid arguments or an invalid call, the rule
+	// broken.
+	Reason string `json:"reason,omitempty"`
+	// Response is the stored response of a succeeded key.
+	Response json.RawMessage `json:"response,omitempty"`
+	// Failure is the stored failure of a failed key.
+	Failure json.RawMessage `json:"failure,omitempty"`
+	// RetryAfterMS suggests, in milliseconds, when to ask again.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
+	// CompletedAt is when an expired key's action completed, in UTC.
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
+	// Message tells the model what it may do next.
+	Message string `json:"message,omitempty"`
 }
 
 // ObservationFor returns what a model should see of a call that returned

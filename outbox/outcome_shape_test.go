@@ -308,6 +308,10 @@ func testOutcomeShape[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.Equal(t, outbox.Result{}, res)
 		require.Equal(t, outbox.ObservationInvalidCall, outbox.ObservationFor(res, err).Status)
 		require.Equal(t, http.StatusBadRequest, httpstatus.For(res, err).Code)
+
+		res, err = bundle.client.WaitResult(t.Context(), outbox.Result{Created: true})
+		require.ErrorIs(t, err, outbox.ErrInvalidKey)
+		require.Equal(t, outbox.Result{}, res)
 	})
 
 	t.Run("CreatorWaitsWithWaitResult", func(t *testing.T) {

@@ -144,7 +144,8 @@ func waitDone(ctx context.Context, res Result, key Key, lastErr error) error {
 // a res without a key returns [ErrInvalidKey].
 func (c *Client[TTx]) WaitResult(ctx context.Context, res Result) (Result, error) {
 	got, err := c.Wait(ctx, res.Key)
-	got.Created = res.Created && got.Key == res.Key && got.CreatedAt.Equal(res.CreatedAt)
+	// Only a key read can be the one res created.
+	got.Created = res.Created && got.State != "" && got.Key == res.Key && got.CreatedAt.Equal(res.CreatedAt)
 	return got, err
 }
 
