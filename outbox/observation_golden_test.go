@@ -65,6 +65,11 @@ func TestObservationForGolden(t *testing.T) {
 			outbox.Result{Key: key, State: outbox.StatePending, RetryAfter: 1500 * time.Millisecond},
 			fmt.Errorf("%w: %w", outbox.ErrProviderFailed, errors.New("upstream said 503")), outbox.ObservationInProgress,
 		},
+		{
+			"in_progress_record_failed",
+			outbox.Result{Key: key, State: outbox.StateInFlight, RetryAfter: 2 * time.Second},
+			fmt.Errorf("record outcomes: %w", outbox.ErrTimeout), outbox.ObservationInProgress,
+		},
 		{"needs_review", outbox.Result{Key: key, State: outbox.StateNeedsReview}, nil, outbox.ObservationNeedsReview},
 		{
 			"expired",
