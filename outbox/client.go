@@ -76,8 +76,10 @@ func (c *Client[TTx]) Config() Config { return c.config }
 // Created false and a retry-after hint; succeeded and failed return the
 // stored response or failure verbatim; needs review returns that state. The
 // same key or the same run and step with another tool or other arguments
-// returns [ErrKeyConflict]; a pruned key returns [ErrExpired]; a tool missing
-// from the registry returns [ErrUnknownTool]. None of these writes anything.
+// returns [ErrKeyConflict]; a pruned key returns [ErrExpired] with the
+// tombstone's Result; a tool missing from the registry returns
+// [ErrUnknownTool]. None of these writes anything. The README's "One shape
+// for every outcome" states the rule all calls follow.
 //
 // A concurrent transaction that claimed the same key and has not committed
 // makes SubmitTx wait until it ends. Under READ COMMITTED the waiter then
@@ -212,8 +214,9 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		existing, err := exec.KeyGetByKeyOrScope(ctx, string(d.Key), d.Scope, c.nowParam())
 		if err == nil {
 			if existing.State == dbStateExpired {
-				// The action, or another one in its scope, already ran.
-				return Result{}, nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
+				// The action, or another one in its scope, already ran: the
+				// tombstone's Result comes with the error, as Get's does.
+				return c.resultFromRow(existing, false), nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
 			}
 			if existing.Key != string(d.Key) || existing.Fingerprint != storedFingerprint(call, d) {
 				return Result{}, nil, &KeyConflictError{

@@ -652,7 +652,7 @@ func testClient[TTx any](t *testing.T, h driverHarness[TTx]) {
 		got, err := bundle.client.Get(t.Context(), key)
 		require.ErrorIs(t, err, outbox.ErrExpired)
 		require.Equal(t, outbox.StateExpired, got.State)
-		require.Equal(t, "expired", got.Observation().Status)
+		require.Equal(t, outbox.ObservationExpired, got.Observation().Status)
 		require.Equal(t, calls, bundle.provider.calls.Load())
 
 		// Another action asked at the expired step is refused too.

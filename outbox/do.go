@@ -50,7 +50,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	res, row, err := c.claim(claimCtx, c.store.Executor(), d, call, true)
 	cancel()
 	if err != nil {
-		return Result{}, err
+		return res, err // an expired key's Result comes with ErrExpired
 	}
 	a := attempt.Attempt{
 		Tool:    attemptTool(tool, p),

@@ -28,7 +28,7 @@
 // dispatcher (package dispatcher) calls the tool's [Provider] with the key.
 // A duplicate gets the existing key's [Result]: in progress with a
 // retry-after hint, or the stored response replayed byte for byte.
-// [Result.Observation] is what a model should see.
+// [ObservationFor] turns any Result and error into what a model should see.
 //
 // A call that breaks a validation rule returns [ErrInvalidCall] (or
 // [ErrNotCanonical], for its arguments) before any SQL runs, so the caller's
@@ -40,7 +40,8 @@
 //
 // [Client.Do] claims, calls the provider and records the outcome in one call,
 // without a dispatcher. [Client.Get] reads a key; [Client.Wait] blocks until
-// it is final.
+// it is final, and [Client.WaitResult] does so for the key a request
+// submitted, keeping whether that request created it (see [Result.Replayed]).
 //
 // # Providers and delivery
 //

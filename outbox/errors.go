@@ -16,9 +16,10 @@ import (
 // error is a [*KeyConflictError]. Nothing is written and nothing runs.
 var ErrKeyConflict = errors.New("key conflict")
 
-// ErrInProgress is returned by [Client.Do] when another attempt holds the key;
-// the returned [Result] says when to ask again. The error is an
-// [*InProgressError].
+// ErrInProgress is returned by [Client.Do] when another attempt holds the key,
+// and by [Client.Wait] and [Client.WaitResult], beside ctx's error, when ctx
+// ends while the key is pending or in flight; the returned [Result] says
+// when to ask again. The error is an [*InProgressError].
 var ErrInProgress = errors.New("in progress, retry later")
 
 // ErrNotFound is returned by [Client.Get] and [Client.Wait] for a key that
@@ -27,7 +28,8 @@ var ErrNotFound = errors.New("key not found")
 
 // ErrExpired is returned for a key that outlived its retention: only its
 // tombstone remains. The error is an [*ExpiredError] carrying the completion
-// time. Nothing runs again.
+// time, and every call returns it with the tombstone's [Result] (state
+// [StateExpired]). Nothing runs again.
 var ErrExpired = errors.New("key expired")
 
 // ErrUnknownTool is returned by submits and [Client.Do] for a tool that is not

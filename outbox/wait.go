@@ -43,7 +43,16 @@ const (
 //
 // When ctx is done first, Wait returns the last state it saw (the zero
 // Result if it never read one) and an error wrapping ctx's error, which also
-// names the last transient error, if any.
+// names the last transient error, if any. When that state is pending or in
+// flight, the error also matches [ErrInProgress] (an [*InProgressError] with
+// the retry-after hint), as [Client.Do]'s does for a key another attempt
+// holds.
+//
+// Wait knows the key alone, so its Result has Created false, and a
+// finished key reads as a replay ([Result.Replayed]): right for a request
+// that found the key already there, wrong for the one that created it. A
+// caller that submitted the key passes its submit's Result to
+// [Client.WaitResult] instead.
 func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	// Each read has a deadline of its own: one stuck on a connection whose
 	// server vanished without a word would stall the wait for good.
@@ -77,7 +86,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return res, waitDone(ctx, key, lastErr)
+			return res, waitDone(ctx, res, key, lastErr)
 		case <-woken:
 		case <-timer.C:
 			poll = min(2*poll, waitPollMax)
@@ -91,7 +100,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 			}
 		case ctx.Err() != nil:
 			// The read failed because ctx is done, not the other way round.
-			return res, waitDone(ctx, key, lastErr)
+			return res, waitDone(ctx, res, key, lastErr)
 		case !store.IsTransient(err):
 			return next, err
 		default:
@@ -104,12 +113,40 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 }
 
 // waitDone is the error of a [Client.Wait] whose ctx is done: ctx's error,
-// and the last transient error the wait met, if any.
-func waitDone(ctx context.Context, key Key, lastErr error) error {
-	if lastErr == nil || errors.Is(lastErr, ctx.Err()) {
-		return ctx.Err()
+// and the last transient error the wait met, if any; with an
+// [*InProgressError] when res, the last state seen, is in progress.
+func waitDone(ctx context.Context, res Result, key Key, lastErr error) error {
+	err := ctx.Err()
+	if lastErr != nil && !errors.Is(lastErr, ctx.Err()) {
+		err = fmt.Errorf("wait for key %s: %w (last read failed: %v)", key, ctx.Err(), lastErr) //nolint:errorlint // lastErr is named, not wrapped: it is a driver's
 	}
-	return fmt.Errorf("wait for key %s: %w (last read failed: %v)", key, ctx.Err(), lastErr) //nolint:errorlint // lastErr is named, not wrapped: it is a driver's
+	if res.State.InProgress() {
+		return fmt.Errorf("%w: %w", &InProgressError{Key: res.Key, RetryAfter: res.RetryAfter}, err)
+	}
+	return err
+}
+
+// WaitResult is [Client.Wait] for the key of res, the Result of a
+// [Client.SubmitTx], [Client.Submit] or [Client.Do] (in this process or,
+// passed along, in another one), and keeps what res knows and a key does
+// not: whether that request created the key. So the submitter that waits
+// for its own key gets its outcome with Created true, and its observation
+// without replayed; a duplicate, whose submit found the key already there,
+// gets replayed. Call it after the transaction of SubmitTx commits: before
+// that, no other connection sees the key, and WaitResult returns
+// [ErrNotFound].
+//
+// The key's creation time identifies the claim: when the row found has
+// another one than res.CreatedAt (res's transaction rolled back and another
+// request created the key since), Created is false. (Under a
+// [Config.NowFunc] that stands still, two claims can share a creation
+// time.) The errors are Wait's;
+// a res without a key returns [ErrInvalidKey].
+func (c *Client[TTx]) WaitResult(ctx context.Context, res Result) (Result, error) {
+	got, err := c.Wait(ctx, res.Key)
+	// Only a key read can be the one res created.
+	got.Created = res.Created && got.State != "" && got.Key == res.Key && got.CreatedAt.Equal(res.CreatedAt)
+	return got, err
 }
 
 // waiters fans the notifications of one listening connection out to the

@@ -181,3 +181,11 @@ func (d Driver[TTx]) SubmitKeys(tb testing.TB, client *outbox.Client[TTx], calls
 	}
 	return keys
 }
+
+// InTx runs fn in a transaction of the driver over the shared test
+// database, committed when fn returns nil and rolled back otherwise, and
+// returns fn's error or the commit's.
+func (d Driver[TTx]) InTx(tb testing.TB, ctx context.Context, fn func(tx TTx) error) error {
+	tb.Helper()
+	return d.inTxFunc(tb, ctx, fn)
+}
