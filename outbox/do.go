@@ -68,7 +68,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		Lease:   c.config.Lease,
 	}
 	switch {
-	case row != nil:
+	case row != nil && row.LeaseUntil != nil:
 		a.Request.Attempt = row.Attempt
 		a.FirstAttemptedAt = row.CreatedAt
 		a.ClaimedNow, a.ClaimedAt = row.Now, claimedAt
@@ -77,7 +77,10 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		claimedAt = time.Now()
 		claimed, err := c.claimPending(ctx, d.Key)
 		if errors.Is(err, store.ErrNoRows) {
-			return c.inProgress(ctx, d.Key)
+			// Not due yet (scheduled), or another claimer took it.
+			current, err := c.inProgress(ctx, d.Key)
+			current.Created = res.Created
+			return current, err
 		}
 		if err != nil {
 			return Result{}, err
