@@ -97,7 +97,6 @@ func (s *Store) List(ctx context.Context, p *ListParams) ([]*ListedKey, error) {
 	return listed, err
 }
 
-
 // AuditParams are the parameters of [Store.Cancel] and [Store.Retry]: who
 // acts on which key, and why.
 type AuditParams struct {
