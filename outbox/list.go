@@ -19,18 +19,19 @@ const (
 	ListLimitMax = 1000
 )
 
-// ListStates are the states [Client.List] can list, in the order it
-// documents: the keys an operator acts on. Succeeded keys and tombstones,
-// nearly all of a large table, are read by key ([Client.Get],
-// [Client.Inspect]); indexing them for a list would cost every finished
-// key bytes of its own.
-var ListStates = []State{StatePending, StateInFlight, StateFailed, StateNeedsReview, StateCancelled}
+// listStates are the states [Client.List] can list: the keys an operator
+// acts on.
+var listStates = []State{StatePending, StateInFlight, StateFailed, StateNeedsReview, StateCancelled}
 
 // ListParams select the keys [Client.List] returns. The zero value lists
 // every listable key, oldest first, a page of [ListLimitDefault].
 type ListParams struct {
-	// States are the states to list, from [ListStates]. Empty means all of
-	// them.
+	// States are the states to list: [StatePending], [StateInFlight],
+	// [StateFailed], [StateNeedsReview] and [StateCancelled], the keys an
+	// operator acts on. Empty means all of them. Succeeded keys and
+	// tombstones, nearly all of a large table, are read by key
+	// ([Client.Get], [Client.Inspect]): indexing them for a list would cost
+	// every finished key bytes of its own.
 	States []State
 	// Tool, Tenant and RunID, when not empty, list only keys of that tool,
 	// tenant or run.
@@ -77,7 +78,7 @@ type ListResult struct {
 // sorts after the cursor. Each page is one statement; pages are not one
 // snapshot.
 //
-// Only the states of [ListStates] are listed. It returns [ErrInvalidParams]
+// Only the states of [ListParams.States] are listed. It returns [ErrInvalidParams]
 // for another state, a limit out of range or a cursor List did not return;
 // nothing runs then.
 func (c *Client[TTx]) List(ctx context.Context, params ListParams) (ListResult, error) {
@@ -123,7 +124,7 @@ func (c *Client[TTx]) listParams(params ListParams) (*store.ListParams, error) {
 	}
 	states := params.States
 	if len(states) == 0 {
-		states = ListStates
+		states = listStates
 	}
 	for _, state := range states {
 		switch state {
@@ -137,7 +138,7 @@ func (c *Client[TTx]) listParams(params ListParams) (*store.ListParams, error) {
 			}
 			continue
 		default:
-			return nil, fmt.Errorf("%w: state %q cannot be listed; list one of %v, and read succeeded keys by key", ErrInvalidParams, state, ListStates)
+			return nil, fmt.Errorf("%w: state %q cannot be listed; list one of %v, and read succeeded keys by key", ErrInvalidParams, state, listStates)
 		}
 		if !slices.Contains(p.States, dbStateOpen) {
 			p.States = append(p.States, dbStateOpen)
