@@ -249,6 +249,11 @@ CROSS JOIN LATERAL (
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `ANALYZE `+quoted+`.pgonce_key`)
 	require.NoError(t, err)
+	var listed, indexBytes int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), pg_relation_size('`+quoted+`.pgonce_key_list_idx')
+		FROM `+quoted+`.pgonce_key WHERE state NOT IN ('succeeded', 'expired')`).Scan(&listed, &indexBytes))
+	t.Logf("pgonce_key_list_idx: %d bytes for %d listable keys of 1000000, %.1f bytes per listable key",
+		indexBytes, listed, float64(indexBytes)/float64(listed))
 
 	// Each driver's client runs on a pool of its own, whose tracer keeps
 	// the statement List ran.
