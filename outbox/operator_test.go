@@ -121,7 +121,7 @@ func testCancel[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.False(t, dup.Created)
 		require.Equal(t, outbox.StateCancelled, dup.State)
 		obs := dup.Observation()
-		require.Equal(t, "cancelled", obs.Status)
+		require.Equal(t, outbox.ObservationCancelled, obs.Status)
 		require.NotEmpty(t, obs.Message)
 
 		done, err := b.client.Do(ctx, call, nil)
