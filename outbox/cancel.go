@@ -105,7 +105,9 @@ func (c *Client[TTx]) Cancel(ctx context.Context, key Key, params CancelParams) 
 // dispatcher (or a Do of the same call) runs it again under a new attempt,
 // with the same key, and the stored failure is dropped. The decision is
 // recorded with who and why (see [Client.Inspect]). A needs-review key is
-// retried with [Client.Resolve] and [ResolveRetry] instead.
+// retried with [Client.Resolve] and [ResolveRetry] instead. The provider
+// sees the same key again: one that keeps its answer per key (Stripe does
+// for 24 hours) may answer with the failure it gave the first time.
 //
 // It returns [ErrInvalidParams] for missing or malformed params,
 // [ErrNotFound] for an unknown key, [ErrExpired] for a pruned one and
