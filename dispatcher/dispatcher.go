@@ -235,6 +235,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attem
 				Tool:      row.Tool,
 				Args:      row.Args,
 				Attempt:   row.Attempt,
+				Metadata:  row.Metadata,
 			},
 			Ambiguous:        row.Ambiguous,
 			FirstAttemptedAt: row.FirstAttemptedAt,

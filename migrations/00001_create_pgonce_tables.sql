@@ -1,9 +1,10 @@
 -- +goose Up
 
 -- pgonce_state is a key's state. open covers pending and in flight: a
--- pending key has no lease, an in-flight key holds one. expired is a
--- tombstone.
-CREATE TYPE /* TEMPLATE: schema */pgonce_state AS ENUM ('open', 'succeeded', 'failed', 'needs_review', 'expired');
+-- pending key has no lease, an in-flight key holds one. cancelled is final
+-- like succeeded and failed: an operator cancelled the key while it was
+-- pending. expired is a tombstone.
+CREATE TYPE /* TEMPLATE: schema */pgonce_state AS ENUM ('open', 'succeeded', 'failed', 'needs_review', 'expired', 'cancelled');
 
 -- pgonce_key is the key store, the one source of truth for a key's state,
 -- and the dispatch queue: one row per intended action, written once by the
@@ -24,8 +25,8 @@ CREATE TYPE /* TEMPLATE: schema */pgonce_state AS ENUM ('open', 'succeeded', 'fa
 -- breaks them, whoever writes it.
 CREATE TABLE /* TEMPLATE: schema */pgonce_key (
     created_at timestamptz NOT NULL DEFAULT now(),
-    -- available_at is when a pending key may be claimed (after a backoff).
-    -- Open keys only.
+    -- available_at is when a pending key may be claimed (after a backoff, or
+    -- at the not-before time it was submitted with). Open keys only.
     available_at timestamptz DEFAULT now(),
     -- lease_until and worker are set while an attempt holds the key.
     lease_until timestamptz,
@@ -41,10 +42,18 @@ CREATE TABLE /* TEMPLATE: schema */pgonce_key (
     expires_at timestamptz,
     forget_at timestamptz,
     step bigint,
+    -- key_retention_ms is how long the tool's provider remembers an
+    -- idempotency key, fixed at submit so that a reconciler never needs it
+    -- repeated; NULL when the provider never forgets.
+    key_retention_ms bigint,
     -- attempt fences every write that finishes an attempt: a writer whose
     -- attempt is no longer the row's changes nothing.
     attempt integer NOT NULL DEFAULT 0,
     state /* TEMPLATE: schema */pgonce_state NOT NULL DEFAULT 'open',
+    -- delivery is the tool's delivery mode at submit: NULL for
+    -- idempotent_by_key (the common mode costs no byte), 1 for
+    -- lookup_by_natural_id, 2 for at_most_once.
+    delivery smallint,
     -- ambiguous records that the last attempt may or may not have acted.
     ambiguous boolean NOT NULL DEFAULT false,
     key bytea NOT NULL,
@@ -66,6 +75,10 @@ CREATE TABLE /* TEMPLATE: schema */pgonce_key (
     worker text,
     -- args are the RFC 8785 canonical bytes of the arguments.
     args bytea,
+    -- metadata is the call's data outside the key (a JSON object of
+    -- strings, such as a trace context), passed to the provider and never
+    -- hashed; NULL when the call has none.
+    metadata bytea,
     -- response and failure are bytea, not jsonb: jsonb reorders members and
     -- drops whitespace, and a replay must return the provider's exact bytes.
     response bytea,
@@ -90,10 +103,16 @@ CREATE TABLE /* TEMPLATE: schema */pgonce_key (
     CONSTRAINT pgonce_key_updated_check CHECK ((state IN ('open', 'needs_review')) = (updated_at IS NOT NULL)),
     -- completed_at exactly when finished; the retention times exactly while
     -- they apply.
-    CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed', 'expired')) = (completed_at IS NOT NULL)),
+    CONSTRAINT pgonce_key_completed_check CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'expired')) = (completed_at IS NOT NULL)),
     CONSTRAINT pgonce_key_retention_check CHECK (
-        (state IN ('succeeded', 'failed')) = (expires_at IS NOT NULL)
-        AND (state IN ('succeeded', 'failed', 'expired')) = (forget_at IS NOT NULL)
+        (state IN ('succeeded', 'failed', 'cancelled')) = (expires_at IS NOT NULL)
+        AND (state IN ('succeeded', 'failed', 'cancelled', 'expired')) = (forget_at IS NOT NULL)
+    ),
+    -- The tool's settings at submit, and bounded metadata.
+    CONSTRAINT pgonce_key_tool_settings_check CHECK (
+        (delivery IS NULL OR delivery IN (1, 2))
+        AND (key_retention_ms IS NULL OR key_retention_ms > 0)
+        AND (metadata IS NULL OR octet_length(metadata) BETWEEN 2 AND 8192)
     ),
     -- A tombstone keeps only what a late duplicate needs; every other key
     -- keeps its call.
@@ -102,6 +121,7 @@ CREATE TABLE /* TEMPLATE: schema */pgonce_key (
             WHEN state = 'expired' THEN
                 tool IS NULL AND args IS NULL AND step IS NULL AND run_id IS NULL AND tenant IS NULL
                 AND business_key IS NULL AND natural_id IS NULL AND last_error IS NULL AND first_attempted_at IS NULL
+                AND metadata IS NULL AND delivery IS NULL AND key_retention_ms IS NULL
             ELSE tool IS NOT NULL AND args IS NOT NULL AND step IS NOT NULL
         END
     )
@@ -126,8 +146,14 @@ CREATE INDEX pgonce_key_due_idx ON /* TEMPLATE: schema */pgonce_key (tool, avail
 CREATE INDEX pgonce_key_lease_idx ON /* TEMPLATE: schema */pgonce_key (lease_until) WHERE lease_until IS NOT NULL;
 -- Retention reads finished keys past their retention, and tombstones past
 -- their horizon, here.
-CREATE INDEX pgonce_key_expires_at_idx ON /* TEMPLATE: schema */pgonce_key (expires_at) WHERE state IN ('succeeded', 'failed');
+CREATE INDEX pgonce_key_expires_at_idx ON /* TEMPLATE: schema */pgonce_key (expires_at) WHERE state IN ('succeeded', 'failed', 'cancelled');
 CREATE INDEX pgonce_key_forget_at_idx ON /* TEMPLATE: schema */pgonce_key (forget_at) WHERE state = 'expired';
+-- Listing (Client.List) pages through one state at a time in creation
+-- order. Succeeded keys and tombstones, which make up nearly all of a large
+-- table, are left out, so that they pay no byte for it: the list covers the
+-- keys an operator acts on (pending, in flight, failed, needs review,
+-- cancelled), and a succeeded key is read by its key.
+CREATE INDEX pgonce_key_list_idx ON /* TEMPLATE: schema */pgonce_key (state, created_at, key) WHERE state NOT IN ('succeeded', 'expired');
 
 -- +goose Down
 DROP TABLE /* TEMPLATE: schema */pgonce_key;

@@ -1,7 +1,8 @@
 -- +goose Up
 
--- pgonce_resolution records every operator decision on a needs-review key:
--- what was decided, by whom, why and when. Retention deletes a key's
+-- pgonce_resolution records every operator decision on a key: a
+-- needs-review key's resolution, a cancellation, a retry; what was decided,
+-- by whom, why and when. Retention deletes a key's
 -- decisions in the statement that turns the key into a tombstone, which
 -- keeps only what a late duplicate needs. key is not a foreign key: a key's
 -- uniqueness is its scope's (see pgonce_key).
@@ -13,7 +14,7 @@ CREATE TABLE /* TEMPLATE: schema */pgonce_resolution (
     resolved_by text NOT NULL,
     reason text NOT NULL,
     CONSTRAINT pgonce_resolution_key_check CHECK (octet_length(key) = 32),
-    CONSTRAINT pgonce_resolution_action_check CHECK (action IN ('succeeded', 'failed', 'retry'))
+    CONSTRAINT pgonce_resolution_action_check CHECK (action IN ('succeeded', 'failed', 'retry', 'cancel'))
 );
 
 CREATE INDEX pgonce_resolution_key_idx ON /* TEMPLATE: schema */pgonce_resolution (key, resolved_at);

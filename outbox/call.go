@@ -1,6 +1,9 @@
 package outbox
 
-import "reflect"
+import (
+	"reflect"
+	"time"
+)
 
 // Call describes one intended side-effecting action: the thing that must
 // happen exactly once however often it is asked for. Every attempt of the
@@ -57,7 +60,40 @@ type Call struct {
 	// happened. It is passed to the provider and does not affect the key. At
 	// most [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
 	NaturalID string
+
+	// Metadata is data that travels with the call but is not part of the
+	// action: a trace context, a request id, the user who asked. It is
+	// never hashed, so changing it never changes the key; it is stored with
+	// the key the first submit writes (a duplicate's metadata is not
+	// stored), passed to the provider in [Request.Metadata] and shown by
+	// [Client.Inspect]. nil or empty stores nothing. At most
+	// [MetadataMaxEntries] entries and [MetadataMaxBytes] bytes as JSON;
+	// names must not be empty; names and values must be valid UTF-8
+	// without NUL bytes.
+	Metadata map[string]string
+
+	// NotBefore, when not zero, schedules the call: a dispatcher claims it
+	// no earlier than NotBefore (by the database's clock). It does not
+	// affect the key, and only the submit that creates the key schedules
+	// it. A time in the past means now.
+	NotBefore time.Time
+
+	// Delay, when positive, schedules the call Delay after the submit (by
+	// the database's clock), like NotBefore; at most one of the two may be
+	// set, and Delay must not be negative.
+	Delay time.Duration
 }
+
+// Bounds of [Call.Metadata].
+const (
+	// MetadataMaxEntries is the most entries [Call.Metadata] may hold.
+	MetadataMaxEntries = 64
+	// MetadataMaxBytes is the most bytes [Call.Metadata] may take as JSON.
+	MetadataMaxBytes = 4096
+)
+
+// scheduled reports whether c asks to run later than now.
+func (c Call) scheduled() bool { return !c.NotBefore.IsZero() || c.Delay > 0 }
 
 // isNilTx reports whether tx is nil: a nil interface (pgx.Tx) or a nil
 // pointer (*sql.Tx), including a nil pointer inside a pgx.Tx, whose methods

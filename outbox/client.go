@@ -98,11 +98,11 @@ func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, 
 	if isNilTx(tx) {
 		return Result{}, ErrInvalidTx
 	}
-	d, _, err := c.prepare(call)
+	sub, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err
 	}
-	res, _, err := c.claim(ctx, c.driver.UnwrapExecutor(tx), d, call, false)
+	res, _, err := c.claim(ctx, c.driver.UnwrapExecutor(tx), sub, call, false)
 	return res, err
 }
 
@@ -110,11 +110,11 @@ func (c *Client[TTx]) SubmitTx(ctx context.Context, tx TTx, call Call) (Result, 
 // statement, which commits by itself before Submit returns, so no explicit
 // transaction (and no extra round trip) is needed.
 func (c *Client[TTx]) Submit(ctx context.Context, call Call) (Result, error) {
-	d, _, err := c.prepare(call)
+	sub, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err
 	}
-	res, _, err := c.claim(ctx, c.store.Executor(), d, call, false)
+	res, _, err := c.claim(ctx, c.store.Executor(), sub, call, false)
 	return res, err
 }
 
@@ -142,23 +142,38 @@ func (c *Client[TTx]) get(ctx context.Context, exec store.Executor, key Key) (Re
 	return res, nil
 }
 
-// prepare derives call's key and finds its tool. Nothing is written.
-func (c *Client[TTx]) prepare(call Call) (derivation, *Tool, error) {
+// submission is a call ready to be claimed: its derivation, its tool and
+// its encoded metadata.
+type submission struct {
+	derivation
+	tool     *Tool
+	metadata []byte
+}
+
+// prepare derives call's key, validates what travels outside it and finds
+// its tool. Nothing is written.
+func (c *Client[TTx]) prepare(call Call) (submission, error) {
 	d, err := derive(call)
 	if err != nil {
-		return derivation{}, nil, err
+		return submission{}, err
+	}
+	metadata, err := encodeMetadata(call)
+	if err != nil {
+		return submission{}, err
 	}
 	tool := c.config.Registry.Lookup(call.Tool)
 	if tool == nil {
-		return derivation{}, nil, fmt.Errorf("%w: %q is not registered", ErrUnknownTool, call.Tool)
+		return submission{}, fmt.Errorf("%w: %q is not registered", ErrUnknownTool, call.Tool)
 	}
-	return d, tool, nil
+	return submission{derivation: d, tool: tool, metadata: metadata}, nil
 }
 
 // claim writes the key's row, or reads the row that was there first. With
 // inFlight the new row is claimed at once under a lease, for Do. It reports
-// whether this request created the key.
-func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivation, call Call, inFlight bool) (Result, *store.InsertedKey, error) {
+// whether this request created the key. The tool's delivery mode and key
+// retention are stored with the key, for the reconciler.
+func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submission, call Call, inFlight bool) (Result, *store.InsertedKey, error) {
+	d := sub.derivation
 	params := &store.NewKey{
 		Key:         string(d.Key),
 		Scope:       d.Scope,
@@ -170,13 +185,22 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 		NaturalID:   call.NaturalID,
 		Fingerprint: storedFingerprint(call, d),
 		Args:        d.Args,
+		Metadata:    sub.metadata,
 		Now:         c.nowParam(),
 	}
+	if sub.tool != nil {
+		params.Delivery = storedDelivery(sub.tool.Delivery)
+		params.KeyRetention = sub.tool.Opts.KeyRetention
+	}
+	if !call.NotBefore.IsZero() {
+		params.NotBefore = ptr(call.NotBefore)
+	}
+	params.Delay = call.Delay
 	if call.Key != "" {
 		params.RunID, params.Step = "", 0
 	}
 	var notifyWindow *notifyWindow
-	if inFlight {
+	if inFlight && !call.scheduled() {
 		params.Lease = c.config.Lease
 		params.Worker = c.config.WorkerID
 	} else if !c.config.NotifyDisabled {
@@ -201,7 +225,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, d derivati
 			if row.LeaseUntil != nil {
 				res.State = StateInFlight
 			}
-			res.RetryAfter = retryAfter(res.State, row.Now, row.CreatedAt, row.LeaseUntil)
+			res.RetryAfter = retryAfter(res.State, row.Now, row.AvailableAt, row.LeaseUntil)
 			return res, row, nil
 		}
 		// Nothing was inserted, so nothing notified: give the window back
@@ -266,6 +290,8 @@ func (c *Client[TTx]) resultFromRow(row *store.KeyRow, created bool) Result {
 		res.State = StateNeedsReview
 	case dbStateExpired:
 		res.State = StateExpired
+	case dbStateCancelled:
+		res.State = StateCancelled
 	}
 	return res
 }

@@ -34,6 +34,15 @@ import (
 // for [LookupByNaturalID] tools, and sends [AtMostOnce] tools to
 // [StateNeedsReview].
 //
+// A scheduled call ([Call.NotBefore] or [Call.Delay] in the future) is not
+// run before its time: Do submits it pending, as [Client.Submit] would, and
+// returns [ErrInProgress] with a pending Result whose RetryAfter says how
+// long until it is due; a dispatcher runs it then, or a Do of the same call
+// once it is due. Do never claims a key before the not-before time it was
+// submitted with, whoever asks; a pending key waiting out a retry's backoff
+// it claims at once. The provider receives the metadata stored with the key
+// ([Request.Metadata]), that of the submit that created it.
+//
 // The claim runs under [Config.StatementTimeout]; recording the outcome is
 // tried again after a transient failure, such as a killed connection, for up
 // to 10s and never past the lease; the attempt fences the write, so a retry
@@ -41,24 +50,25 @@ import (
 // the record, the key stays in flight until its lease expires and the
 // reconciler resolves it.
 func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {
-	d, tool, err := c.prepare(call)
+	sub, err := c.prepare(call)
 	if err != nil {
 		return Result{}, err
 	}
+	d, tool := sub.derivation, sub.tool
 	claimedAt := time.Now()
 	claimCtx, cancel := c.statementContext(ctx)
-	res, row, err := c.claim(claimCtx, c.store.Executor(), d, call, true)
+	res, row, err := c.claim(claimCtx, c.store.Executor(), sub, call, true)
 	cancel()
 	if err != nil {
 		return res, err // an expired key's Result comes with ErrExpired
 	}
 	a := attempt.Attempt{
 		Tool:    attemptTool(tool, p),
-		Request: attempt.Request{Key: string(d.Key), NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args},
+		Request: attempt.Request{Key: string(d.Key), NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args, Metadata: sub.metadata},
 		Lease:   c.config.Lease,
 	}
 	switch {
-	case row != nil:
+	case row != nil && row.LeaseUntil != nil:
 		a.Request.Attempt = row.Attempt
 		a.FirstAttemptedAt = row.CreatedAt
 		a.ClaimedNow, a.ClaimedAt = row.Now, claimedAt
@@ -67,12 +77,16 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		claimedAt = time.Now()
 		claimed, err := c.claimPending(ctx, d.Key)
 		if errors.Is(err, store.ErrNoRows) {
-			return c.inProgress(ctx, d.Key)
+			// Not due yet (scheduled), or another claimer took it.
+			current, err := c.inProgress(ctx, d.Key)
+			current.Created = res.Created
+			return current, err
 		}
 		if err != nil {
 			return Result{}, err
 		}
 		a.Request.Attempt = claimed.Attempt
+		a.Request.Metadata = claimed.Metadata
 		a.Ambiguous = claimed.Ambiguous
 		a.FirstAttemptedAt = claimed.FirstAttemptedAt
 		a.ClaimedNow, a.ClaimedAt = claimed.Now, claimedAt

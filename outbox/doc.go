@@ -49,4 +49,15 @@
 // uncertain attempt is made certain: [IdempotentByKey] providers deduplicate
 // on the key, [LookupByNaturalID] providers are asked before a retry, and
 // [AtMostOnce] providers send the key to review.
+//
+// # Operating on keys
+//
+// [Client.List] pages through the keys an operator acts on (pending, in
+// flight, failed, in review, cancelled) by state, tool, tenant, run and
+// creation time, on an index. [Client.Cancel] cancels a pending key and
+// [Client.Retry] runs a failed or cancelled key again; [Client.Resolve]
+// decides a key in review. Each is recorded with who and why, and none
+// touches a key in flight. [Call.NotBefore] and [Call.Delay] schedule a
+// call; [Call.Metadata] travels with it to the provider without being part
+// of its key.
 package outbox

@@ -161,3 +161,19 @@ func errSerialization() error { return store.ErrSerialization }
 func errTimeout() error       { return store.ErrTimeout }
 func errTxAborted() error     { return store.ErrTxAborted }
 func errTxDone() error        { return store.ErrTxDone }
+
+// ErrInvalidParams is returned by [Client.Cancel], [Client.Retry] and
+// [Client.List] for malformed parameters: a By or Reason that is empty, too
+// long, not valid UTF-8 or holds a NUL byte; a state that cannot be listed,
+// a limit out of range or a cursor that is not one [Client.List] returned.
+// It is returned before any SQL runs; nothing is changed.
+var ErrInvalidParams = errors.New("invalid params")
+
+// ErrNotCancellable is returned by [Client.Cancel] for a key that is not
+// pending: only a key no attempt holds can be cancelled. The error is a
+// [*KeyStateError]. Nothing is changed.
+var ErrNotCancellable = errors.New("key is not pending")
+
+// ErrNotRetryable is returned by [Client.Retry] for a key that is neither
+// failed nor cancelled. The error is a [*KeyStateError]. Nothing is changed.
+var ErrNotRetryable = errors.New("key is neither failed nor cancelled")

@@ -30,8 +30,16 @@ type Inspection struct {
 	// flight; nil otherwise.
 	Queue *QueueEntry
 	// Resolutions are the operator decisions recorded for the key, oldest
-	// first.
+	// first: resolutions, cancellations and retries.
 	Resolutions []ResolutionRecord
+	// Metadata is the call's [Call.Metadata] as stored by the submit that
+	// created the key; nil when it had none, and for a tombstone.
+	Metadata map[string]string
+	// Delivery and KeyRetention are the tool's delivery mode and provider
+	// key retention stored with the key at submit, which the reconciler
+	// uses; zero for a tombstone.
+	Delivery     Delivery
+	KeyRetention time.Duration
 }
 
 // QueueEntry is the outbox entry of an open key: its queue fields.
@@ -62,13 +70,16 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 			return err
 		}
 		inspection = Inspection{
-			Result:      c.resultFromRow(row, false),
-			Tenant:      row.Tenant,
-			RunID:       row.RunID,
-			Step:        row.Step,
-			BusinessKey: row.BusinessKey,
-			NaturalID:   row.NaturalID,
-			Fingerprint: row.Fingerprint,
+			Result:       c.resultFromRow(row, false),
+			Tenant:       row.Tenant,
+			RunID:        row.RunID,
+			Step:         row.Step,
+			BusinessKey:  row.BusinessKey,
+			NaturalID:    row.NaturalID,
+			Fingerprint:  row.Fingerprint,
+			Metadata:     decodeMetadata(row.Metadata),
+			Delivery:     deliveryFromStored(row.Delivery),
+			KeyRetention: row.KeyRetention,
 		}
 		if row.ExpiresAt != nil {
 			inspection.ExpiresAt = *row.ExpiresAt

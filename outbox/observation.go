@@ -54,6 +54,9 @@ const (
 	// ObservationError: any other error, such as a schema that is not
 	// migrated. Its text is not shown to the model.
 	ObservationError ObservationStatus = "error"
+	// ObservationCancelled: an operator cancelled the key while it was
+	// pending ([Client.Cancel]); the action did not run.
+	ObservationCancelled ObservationStatus = "cancelled"
 )
 
 // ObservationUnavailableRetryAfter is the retry_after_ms that an
@@ -73,6 +76,7 @@ const (
 	messageNotFound         = "no action was ever asked for under this key, so nothing ran; ask for the action itself if it is still wanted"
 	messageUnavailable      = "the action could not be checked or recorded just now; ask again with the same arguments after retry_after_ms: it never runs twice"
 	messageError            = "the service failed while handling this action; asking again with the same arguments never runs it twice, but may fail the same way"
+	messageCancelled        = "an operator cancelled this action, so it did not run and will not run; do not ask for it again"
 )
 
 // Observation is the JSON-ready value an agent runtime puts in a model's
@@ -85,6 +89,7 @@ const (
 //	{"status":"in_progress","key":"k1_…","retry_after_ms":250,"message":"…"}
 //	{"status":"needs_review","key":"k1_…","message":"…"}
 //	{"status":"expired","key":"k1_…","completed_at":"2026-…Z","message":"…"}
+//	{"status":"cancelled","key":"k1_…","message":"…"}
 //	{"status":"conflict","key":"k1_…","existing_key":"k1_…","existing_tool":"refund","message":"…"}
 //	{"status":"invalid_arguments","path":"$.amount","reason":"…","message":"…"}
 //	{"status":"unknown_tool","message":"…"}
@@ -231,6 +236,8 @@ func stateObservation(res Result) Observation {
 	case StateExpired:
 		obs.Status, obs.Message = ObservationExpired, messageExpired
 		obs.CompletedAt = utcOrNil(res.CompletedAt)
+	case StateCancelled:
+		obs.Status, obs.Message = ObservationCancelled, messageCancelled
 	default:
 		obs.Status = ObservationStatus(res.State)
 	}

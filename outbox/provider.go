@@ -60,6 +60,9 @@ type Request struct {
 	Args json.RawMessage
 	// Attempt counts from 1.
 	Attempt int
+	// Metadata is the call's [Call.Metadata] as stored by the submit that
+	// created the key; nil when it had none. It is not part of the key.
+	Metadata map[string]string
 }
 
 // Delivery says how a tool's outcome is made certain after an attempt whose

@@ -22,8 +22,11 @@ const (
 	// retried, with a failure.
 	ResolveFailed ResolutionAction = "failed"
 	// ResolveRetry sends the key back to pending: the action did not happen
-	// and may run again.
+	// and may run again. [Client.Retry] records it too.
 	ResolveRetry ResolutionAction = "retry"
+	// ResolveCancel is recorded by [Client.Cancel]; [Client.Resolve] does
+	// not take it.
+	ResolveCancel ResolutionAction = "cancel"
 )
 
 // Resolution is an operator's decision on a key in [StateNeedsReview].

@@ -70,7 +70,14 @@ func attemptTool(tool *Tool, p Provider) *attempt.Tool {
 }
 
 func providerRequest(req attempt.Request) Request {
-	return Request{Key: Key(req.Key), NaturalID: req.NaturalID, Tool: req.Tool, Args: req.Args, Attempt: req.Attempt}
+	return Request{
+		Key:       Key(req.Key),
+		NaturalID: req.NaturalID,
+		Tool:      req.Tool,
+		Args:      req.Args,
+		Attempt:   req.Attempt,
+		Metadata:  decodeMetadata(req.Metadata),
+	}
 }
 
 func attemptDelivery(d Delivery) attempt.Delivery {

@@ -23,12 +23,18 @@ const (
 	// with the completion time, remains, and the action never runs again
 	// while it does.
 	StateExpired State = "expired"
+	// StateCancelled means an operator cancelled the key while it was
+	// pending ([Client.Cancel]): the action never ran and never runs, and
+	// every duplicate is told so, until an operator retries it
+	// ([Client.Retry]).
+	StateCancelled State = "cancelled"
 )
 
-// Terminal reports whether s is final: succeeded, failed or expired. A
-// needs-review key is not final, since an operator may still send it back.
+// Terminal reports whether s is final: succeeded, failed, cancelled or
+// expired. A needs-review key is not final, since an operator may still send
+// it back.
 func (s State) Terminal() bool {
-	return s == StateSucceeded || s == StateFailed || s == StateExpired
+	return s == StateSucceeded || s == StateFailed || s == StateCancelled || s == StateExpired
 }
 
 // InProgress reports whether s is pending or in flight.
@@ -44,4 +50,5 @@ const (
 	dbStateFailed      = store.StateFailed
 	dbStateNeedsReview = store.StateNeedsReview
 	dbStateExpired     = store.StateExpired
+	dbStateCancelled   = store.StateCancelled
 )

@@ -8,7 +8,8 @@
 -- KeyGetByKeyOrScope in a new statement: under READ COMMITTED only a new
 -- statement's snapshot sees a row that another transaction committed while
 -- this insert waited on the unique index. With a lease the key is claimed in
--- flight at once (the inline Do path).
+-- flight at once (the inline Do path). A pending key is due at the latest of
+-- now, not_before and now + delay_ms (greatest ignores NULLs).
 INSERT INTO /* TEMPLATE: schema */pgonce_key (
     key,
     scope,
@@ -20,6 +21,9 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
     natural_id,
     fingerprint,
     args,
+    metadata,
+    delivery,
+    key_retention_ms,
     attempt,
     available_at,
     lease_until,
@@ -38,8 +42,15 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
     nullif(@natural_id::text, ''),
     sqlc.narg('fingerprint')::bytea,
     @args::bytea,
+    sqlc.narg('metadata')::bytea,
+    sqlc.narg('delivery')::smallint,
+    sqlc.narg('key_retention_ms')::bigint,
     CASE WHEN sqlc.narg('lease_ms')::bigint IS NULL THEN 0 ELSE 1 END,
-    coalesce(sqlc.narg('now')::timestamptz, now()),
+    greatest(
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        sqlc.narg('not_before')::timestamptz,
+        coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.narg('delay_ms')::bigint * interval '1 millisecond'
+    ),
     coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.narg('lease_ms')::bigint * interval '1 millisecond',
     sqlc.narg('worker')::text,
     CASE WHEN sqlc.narg('lease_ms')::bigint IS NOT NULL THEN coalesce(sqlc.narg('now')::timestamptz, now()) END,
@@ -49,6 +60,7 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
 ON CONFLICT DO NOTHING
 RETURNING
     pgonce_key.created_at,
+    pgonce_key.available_at::timestamptz AS available_at,
     pgonce_key.attempt,
     pgonce_key.lease_until,
     (CASE
@@ -83,6 +95,9 @@ SELECT
     pgonce_key.last_error,
     coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
+    pgonce_key.metadata,
+    pgonce_key.delivery,
+    pgonce_key.key_retention_ms,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::bytea
@@ -116,6 +131,9 @@ SELECT
     pgonce_key.last_error,
     coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
+    pgonce_key.metadata,
+    pgonce_key.delivery,
+    pgonce_key.key_retention_ms,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::bytea;
@@ -127,15 +145,15 @@ WHERE pgonce_key.key = @key::bytea;
 -- entries on key and scope, so that a concurrent or late duplicate conflicts
 -- with the tombstone and never runs. The key's operator decisions go with
 -- its call. The tombstone lasts until the forget_at fixed when the key
--- finished. Only succeeded and failed keys have an expiry; pending,
--- in-flight and needs-review keys are never touched. SKIP LOCKED lets
+-- finished. Only succeeded, failed and cancelled keys have an expiry;
+-- pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
 -- pruning run beside anything else without waiting, and small batches keep
 -- locks short.
 WITH due AS (
     SELECT pgonce_key.key
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
-        AND pgonce_key.state IN ('succeeded', 'failed')
+        AND pgonce_key.state IN ('succeeded', 'failed', 'cancelled')
     ORDER BY pgonce_key.expires_at
     LIMIT @max_rows::integer
     FOR UPDATE SKIP LOCKED
@@ -151,6 +169,9 @@ expired AS (
         tool = NULL,
         natural_id = NULL,
         args = NULL,
+        metadata = NULL,
+        delivery = NULL,
+        key_retention_ms = NULL,
         response = NULL,
         failure = NULL,
         last_error = NULL,
@@ -194,7 +215,7 @@ FROM deleted;
 SELECT count(*)::bigint AS expirable
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
-    AND pgonce_key.state IN ('succeeded', 'failed');
+    AND pgonce_key.state IN ('succeeded', 'failed', 'cancelled');
 
 -- name: KeyCountForgettable :one
 SELECT count(*)::bigint AS forgettable
@@ -222,3 +243,70 @@ ORDER BY 1, 2;
 SELECT pgonce_key.args
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::bytea;
+
+-- name: KeyList :many
+-- KeyList pages through keys in creation order, (created_at, key), one
+-- state at a time on pgonce_key_list_idx: each wanted state reads its own
+-- range of the index from the cursor on, and the first max_rows of all of
+-- them are returned. states is a comma-separated list of stored states
+-- (not an array: the database/sql output of this file would need lib/pq
+-- for one); succeeded and expired are not in the index and never listed.
+-- The cursor and the time range are index conditions; tool, tenant and
+-- run id filter the rows read.
+SELECT
+    listed.key,
+    listed.state,
+    listed.tenant,
+    listed.run_id,
+    listed.step,
+    listed.business_key,
+    listed.tool,
+    listed.attempt,
+    listed.created_at,
+    listed.updated_at,
+    listed.completed_at,
+    listed.available_at,
+    listed.lease_until,
+    listed.last_error,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+FROM unnest(string_to_array(@states::text, ',')) AS wanted (state)
+CROSS JOIN LATERAL (
+    SELECT
+        pgonce_key.key,
+        pgonce_key.state::text AS state,
+        coalesce(pgonce_key.tenant, '')::text AS tenant,
+        coalesce(pgonce_key.run_id, '')::text AS run_id,
+        coalesce(pgonce_key.step, 0)::bigint AS step,
+        coalesce(pgonce_key.business_key, '')::text AS business_key,
+        coalesce(pgonce_key.tool, '')::text AS tool,
+        pgonce_key.attempt,
+        pgonce_key.created_at,
+        coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+        pgonce_key.completed_at,
+        coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+        pgonce_key.lease_until,
+        pgonce_key.last_error
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.state = wanted.state::/* TEMPLATE: schema */pgonce_state
+        -- The index's predicate, spelled as it is so that the planner can
+        -- use the partial index.
+        AND pgonce_key.state NOT IN ('succeeded', 'expired')
+        AND (pgonce_key.created_at, pgonce_key.key) > (@after_created_at::timestamptz, @after_key::bytea)
+        AND pgonce_key.created_at < coalesce(sqlc.narg('created_before')::timestamptz, 'infinity'::timestamptz)
+        AND (
+            wanted.state <> 'open'
+            OR (@pending::boolean AND pgonce_key.lease_until IS NULL)
+            OR (@in_flight::boolean AND pgonce_key.lease_until IS NOT NULL)
+        )
+        AND (sqlc.narg('tool')::text IS NULL OR pgonce_key.tool = sqlc.narg('tool')::text)
+        AND (sqlc.narg('tenant')::text IS NULL OR pgonce_key.tenant = sqlc.narg('tenant')::text)
+        AND (sqlc.narg('run_id')::text IS NULL OR pgonce_key.run_id = sqlc.narg('run_id')::text)
+    ORDER BY
+        pgonce_key.created_at,
+        pgonce_key.key
+    LIMIT @max_rows::integer
+) AS listed
+ORDER BY
+    listed.created_at,
+    listed.key
+LIMIT @max_rows::integer;

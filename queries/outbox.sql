@@ -46,7 +46,8 @@ claimed AS (
         pgonce_key.first_attempted_at,
         pgonce_key.lease_until,
         pgonce_key.natural_id,
-        pgonce_key.args
+        pgonce_key.args,
+        pgonce_key.metadata
 )
 SELECT
     claimed.key,
@@ -57,6 +58,7 @@ SELECT
     claimed.lease_until::timestamptz AS lease_until,
     coalesce(claimed.natural_id, '')::text AS natural_id,
     claimed.args,
+    claimed.metadata,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
@@ -66,7 +68,10 @@ ORDER BY claimed.key;
 -- name: OutboxClaimKey :one
 -- OutboxClaimKey claims one pending key for the inline path. A concurrent
 -- claimer waits on the row lock, then finds the lease taken and gets no row.
--- now is the database's clock at the claim, as in OutboxClaimBatch.
+-- now is the database's clock at the claim, as in OutboxClaimBatch. A key
+-- never attempted is claimed only once due, so that a submit's not-before
+-- time holds for Do too; a key waiting out a backoff is claimed at once
+-- (the caller asked now).
 UPDATE /* TEMPLATE: schema */pgonce_key
 SET
     attempt = pgonce_key.attempt + 1,
@@ -76,11 +81,13 @@ SET
 WHERE pgonce_key.key = @key::bytea
     AND pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
+    AND (pgonce_key.attempt > 0 OR pgonce_key.available_at <= coalesce(sqlc.narg('now')::timestamptz, now()))
 RETURNING
     pgonce_key.attempt,
     pgonce_key.ambiguous,
     pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
     pgonce_key.lease_until::timestamptz AS lease_until,
+    pgonce_key.metadata,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now;
 
 -- name: OutboxRelease :many
@@ -238,7 +245,10 @@ reclaimed AS (
         pgonce_key.attempt,
         pgonce_key.first_attempted_at,
         pgonce_key.natural_id,
-        pgonce_key.args
+        pgonce_key.args,
+        pgonce_key.metadata,
+        pgonce_key.delivery,
+        pgonce_key.key_retention_ms
 )
 SELECT
     reclaimed.key,
@@ -247,6 +257,9 @@ SELECT
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
     coalesce(reclaimed.natural_id, '')::text AS natural_id,
     reclaimed.args,
+    reclaimed.metadata,
+    reclaimed.delivery,
+    reclaimed.key_retention_ms,
     -- now is the database's clock at the reclaim, as in OutboxClaimBatch.
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM reclaimed

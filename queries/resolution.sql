@@ -83,3 +83,118 @@ SELECT
 FROM /* TEMPLATE: schema */pgonce_resolution
 WHERE pgonce_resolution.key = @key::bytea
 ORDER BY pgonce_resolution.resolved_at, pgonce_resolution.id;
+
+-- name: KeyCancel :one
+-- KeyCancel cancels a pending key and records who did it and why: the key
+-- becomes final (cancelled), its retention starts, and every duplicate
+-- replays the cancellation. Only a pending key is cancelled: the row lock
+-- orders the cancel against a claim, and under READ COMMITTED a cancel that
+-- waited on a claim re-reads the row, finds its lease and leaves it alone,
+-- so an in-flight key is never touched. Any other state returns no row.
+WITH target AS (
+    SELECT pgonce_key.key
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.key = @key::bytea
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+    FOR UPDATE
+),
+updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = 'cancelled',
+        available_at = NULL,
+        updated_at = NULL,
+        completed_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        expires_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond',
+        forget_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
+    FROM target
+    WHERE pgonce_key.key = target.key
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        'cancel',
+        @resolved_by::text,
+        @reason::text,
+        coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify(@channel::text, 'k1_' || encode(updated.key, 'hex'))
+    FROM updated
+    WHERE @channel::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated;
+
+-- name: KeyRetry :one
+-- KeyRetry sends a failed or cancelled key back to pending, due now, and
+-- records who did it and why: the stored failure is dropped, the retention
+-- stops, and the next claim takes the key under a new attempt. Any other
+-- state returns no row: a pending or in-flight key is never touched.
+WITH target AS (
+    SELECT pgonce_key.key
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.key = @key::bytea
+        AND pgonce_key.state IN ('failed', 'cancelled')
+    FOR UPDATE
+),
+updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = 'open',
+        failure = NULL,
+        available_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        ambiguous = false,
+        first_attempted_at = NULL,
+        completed_at = NULL,
+        expires_at = NULL,
+        forget_at = NULL
+    FROM target
+    WHERE pgonce_key.key = target.key
+        AND pgonce_key.state IN ('failed', 'cancelled')
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        'retry',
+        @resolved_by::text,
+        @reason::text,
+        coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify(@channel::text, '')
+    FROM updated
+    WHERE @channel::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated;

@@ -281,15 +281,32 @@ func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Cont
 
 // resolve decides one expired row without calling its provider.
 // claimedAt is the local clock just before the row was reclaimed.
+//
+// The row's delivery mode and provider key retention are the ones stored
+// with the key at submit, not the registration's: a reconciler that
+// registers a tool without them (the CLI's placeholders) still resolves its
+// rows as their submitter's tool would. A row stored as a lookup tool whose
+// registration here cannot look up goes back to pending with the next
+// attempt looking up first, for a process that registers its provider.
 func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, claimedAt time.Time) (attempt.Outcome, Outcome) {
+	registered := r.attempts.Tool(row.Tool)
+	if registered == nil {
+		// Only registered tools are reclaimed, and a registry never drops
+		// one; a lookup keeps the row safe all the same.
+		registered = &attempt.Tool{Name: row.Tool}
+	}
+	tool := *registered
+	tool.Delivery = storedDelivery(row.Delivery)
+	tool.KeyRetention = row.KeyRetention
 	a := attempt.Attempt{
-		Tool: r.attempts.Tool(row.Tool),
+		Tool: &tool,
 		Request: attempt.Request{
 			Key:       row.Key,
 			NaturalID: row.NaturalID,
 			Tool:      row.Tool,
 			Args:      row.Args,
 			Attempt:   row.Attempt,
+			Metadata:  row.Metadata,
 		},
 		Ambiguous:        true,
 		FirstAttemptedAt: row.FirstAttemptedAt,
@@ -302,6 +319,10 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 	out := r.attempts.NewOutcome(a)
 	out.Kind, out.Ambiguous = attempt.Retry, true
 	out.Err = errors.New("lease expired: the attempt's outcome is unknown")
+	if tool.Delivery == attempt.ByLookup && tool.Lookup == nil {
+		out.Err = errors.New("lease expired: the tool looks up by natural id, and no provider here can")
+		return out, OutcomeLookupFailed
+	}
 	switch how, resp, err := r.attempts.Settle(ctx, a); how {
 	case attempt.SettleReview:
 		out.Kind = attempt.NeedsReview
@@ -340,5 +361,17 @@ func (r *Reconciler[TTx]) Run(ctx context.Context, every time.Duration) error {
 			return ctx.Err()
 		case <-ticker.C:
 		}
+	}
+}
+
+// storedDelivery reads a key's stored delivery mode.
+func storedDelivery(stored int) attempt.Delivery {
+	switch stored {
+	case store.DeliveryByLookup:
+		return attempt.ByLookup
+	case store.DeliveryAtMostOnce:
+		return attempt.AtMostOnce
+	default:
+		return attempt.ByKey
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -60,6 +61,11 @@ type inspectHead struct {
 	ExpiresAt   *time.Time          `json:"expires_at,omitempty"`
 	Queue       *inspectQueue       `json:"queue"`
 	Resolutions []inspectResolution `json:"resolutions"`
+	// Metadata, Delivery and KeyRetentionMS are stored with the key at
+	// submit; a tombstone keeps none of them.
+	Metadata       map[string]string `json:"metadata,omitempty"`
+	Delivery       string            `json:"delivery,omitempty"`
+	KeyRetentionMS int64             `json:"key_retention_ms,omitempty"`
 }
 
 type inspectQueue struct {
@@ -111,6 +117,10 @@ func printInspectJSON(e *env, in outbox.Inspection) error {
 		CompletedAt: timePtr(in.CompletedAt),
 		ExpiresAt:   timePtr(in.ExpiresAt),
 		Resolutions: []inspectResolution{},
+		Metadata:    in.Metadata,
+	}
+	if in.State != outbox.StateExpired {
+		head.Delivery, head.KeyRetentionMS = in.Delivery.String(), in.KeyRetention.Milliseconds()
 	}
 	if q := in.Queue; q != nil {
 		head.Queue = &inspectQueue{
@@ -160,6 +170,11 @@ func printInspect(e *env, in outbox.Inspection) error {
 	line("natural id", in.NaturalID)
 	line("fingerprint", in.Fingerprint)
 	line("args", string(in.Args))
+	line("metadata", formatMetadata(in.Metadata))
+	line("delivery", in.Delivery.String())
+	if in.KeyRetention > 0 {
+		line("key retention", formatDuration(in.KeyRetention))
+	}
 	line("attempts", fmt.Sprint(in.Attempts))
 	line("created at", formatTime(in.CreatedAt))
 	line("updated at", formatTime(in.UpdatedAt))
@@ -213,4 +228,16 @@ func writeRaw(e *env, b []byte) error {
 		return err
 	}
 	return nil
+}
+
+// formatMetadata writes metadata as JSON, its names sorted; "-" for none.
+func formatMetadata(metadata map[string]string) string {
+	if len(metadata) == 0 {
+		return "-"
+	}
+	body, err := json.Marshal(metadata)
+	if err != nil {
+		return "-"
+	}
+	return string(body)
 }

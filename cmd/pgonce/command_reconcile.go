@@ -28,6 +28,10 @@ provider code, so it only handles tools whose delivery you name:
                            provider deduplicates
   --at-most-once TOOL,...  AtMostOnce tools: the row goes to needs review
 
+Each row is resolved by the delivery mode and provider key retention stored
+with its key at submit, not by the flag that names its tool: a keyed row
+past its provider's key retention goes to needs review.
+
 Rows of other tools (natural-id tools, whose lookup needs their provider, and
 tools you did not name) are left alone and reported as skipped: run the
 reconciler inside the service that registers their providers

@@ -101,7 +101,7 @@ func stuckReasons(stats outbox.Stats, stuckAfter time.Duration) []string {
 		reasons = append(reasons, fmt.Sprintf("%d in-flight rows hold an expired lease (a worker crashed or hangs; is a reconciler running?)", stats.ExpiredLeases))
 	}
 	if stats.NeedsReview > 0 {
-		reasons = append(reasons, fmt.Sprintf("%d keys need review (pgonce inspect KEY, then pgonce resolve KEY)", stats.NeedsReview))
+		reasons = append(reasons, fmt.Sprintf("%d keys need review (pgonce list --state needs_review, pgonce inspect KEY, then pgonce resolve KEY)", stats.NeedsReview))
 	}
 	if stats.OldestPending > stuckAfter {
 		reasons = append(reasons, fmt.Sprintf("the oldest due pending key has waited %s, more than %s (is a dispatcher running for its tool?)",

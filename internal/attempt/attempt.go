@@ -44,6 +44,9 @@ type Request struct {
 	Tool      string
 	Args      json.RawMessage
 	Attempt   int
+	// Metadata is the call's stored metadata (a JSON object of strings),
+	// nil when it has none.
+	Metadata []byte
 }
 
 // Tool is a registered tool as the machinery sees it.

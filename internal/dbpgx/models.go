@@ -18,6 +18,7 @@ const (
 	PgonceStateFailed      PgonceState = "failed"
 	PgonceStateNeedsReview PgonceState = "needs_review"
 	PgonceStateExpired     PgonceState = "expired"
+	PgonceStateCancelled   PgonceState = "cancelled"
 )
 
 func (e *PgonceState) Scan(src interface{}) error {
@@ -65,8 +66,10 @@ type PgonceKey struct {
 	ExpiresAt        *time.Time
 	ForgetAt         *time.Time
 	Step             *int64
+	KeyRetentionMs   *int64
 	Attempt          int32
 	State            PgonceState
+	Delivery         *int16
 	Ambiguous        bool
 	Key              []byte
 	Scope            []byte
@@ -78,6 +81,7 @@ type PgonceKey struct {
 	NaturalID        *string
 	Worker           *string
 	Args             []byte
+	Metadata         []byte
 	Response         []byte
 	Failure          []byte
 	LastError        *string

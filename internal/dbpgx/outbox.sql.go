@@ -48,7 +48,8 @@ claimed AS (
         pgonce_key.first_attempted_at,
         pgonce_key.lease_until,
         pgonce_key.natural_id,
-        pgonce_key.args
+        pgonce_key.args,
+        pgonce_key.metadata
 )
 SELECT
     claimed.key,
@@ -59,6 +60,7 @@ SELECT
     claimed.lease_until::timestamptz AS lease_until,
     coalesce(claimed.natural_id, '')::text AS natural_id,
     claimed.args,
+    claimed.metadata,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
     coalesce($1::timestamptz, now())::timestamptz AS now
@@ -83,6 +85,7 @@ type OutboxClaimBatchRow struct {
 	LeaseUntil       time.Time
 	NaturalID        string
 	Args             []byte
+	Metadata         []byte
 	Now              time.Time
 }
 
@@ -120,6 +123,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClai
 			&i.LeaseUntil,
 			&i.NaturalID,
 			&i.Args,
+			&i.Metadata,
 			&i.Now,
 		); err != nil {
 			return nil, err
@@ -142,11 +146,13 @@ SET
 WHERE pgonce_key.key = $4::bytea
     AND pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
+    AND (pgonce_key.attempt > 0 OR pgonce_key.available_at <= coalesce($1::timestamptz, now()))
 RETURNING
     pgonce_key.attempt,
     pgonce_key.ambiguous,
     pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
     pgonce_key.lease_until::timestamptz AS lease_until,
+    pgonce_key.metadata,
     coalesce($1::timestamptz, now())::timestamptz AS now
 `
 
@@ -162,12 +168,16 @@ type OutboxClaimKeyRow struct {
 	Ambiguous        bool
 	FirstAttemptedAt time.Time
 	LeaseUntil       time.Time
+	Metadata         []byte
 	Now              time.Time
 }
 
 // OutboxClaimKey claims one pending key for the inline path. A concurrent
 // claimer waits on the row lock, then finds the lease taken and gets no row.
-// now is the database's clock at the claim, as in OutboxClaimBatch.
+// now is the database's clock at the claim, as in OutboxClaimBatch. A key
+// never attempted is claimed only once due, so that a submit's not-before
+// time holds for Do too; a key waiting out a backoff is claimed at once
+// (the caller asked now).
 func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimKeyParams) (*OutboxClaimKeyRow, error) {
 	row := db.QueryRow(ctx, outboxClaimKey,
 		arg.Now,
@@ -181,6 +191,7 @@ func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimK
 		&i.Ambiguous,
 		&i.FirstAttemptedAt,
 		&i.LeaseUntil,
+		&i.Metadata,
 		&i.Now,
 	)
 	return &i, err
@@ -499,7 +510,10 @@ reclaimed AS (
         pgonce_key.attempt,
         pgonce_key.first_attempted_at,
         pgonce_key.natural_id,
-        pgonce_key.args
+        pgonce_key.args,
+        pgonce_key.metadata,
+        pgonce_key.delivery,
+        pgonce_key.key_retention_ms
 )
 SELECT
     reclaimed.key,
@@ -508,6 +522,9 @@ SELECT
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
     coalesce(reclaimed.natural_id, '')::text AS natural_id,
     reclaimed.args,
+    reclaimed.metadata,
+    reclaimed.delivery,
+    reclaimed.key_retention_ms,
     -- now is the database's clock at the reclaim, as in OutboxClaimBatch.
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM reclaimed
@@ -530,6 +547,9 @@ type OutboxReclaimExpiredRow struct {
 	FirstAttemptedAt time.Time
 	NaturalID        string
 	Args             []byte
+	Metadata         []byte
+	Delivery         *int16
+	KeyRetentionMs   *int64
 	Now              time.Time
 }
 
@@ -562,6 +582,9 @@ func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *Outbox
 			&i.FirstAttemptedAt,
 			&i.NaturalID,
 			&i.Args,
+			&i.Metadata,
+			&i.Delivery,
+			&i.KeyRetentionMs,
 			&i.Now,
 		); err != nil {
 			return nil, err

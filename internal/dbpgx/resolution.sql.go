@@ -10,6 +10,96 @@ import (
 	"time"
 )
 
+const keyCancel = `-- name: KeyCancel :one
+WITH target AS (
+    SELECT pgonce_key.key
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.key = $1::bytea
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+    FOR UPDATE
+),
+updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = 'cancelled',
+        available_at = NULL,
+        updated_at = NULL,
+        completed_at = coalesce($2::timestamptz, now()),
+        expires_at = coalesce($2::timestamptz, now()) + $3::bigint * interval '1 millisecond',
+        forget_at = coalesce($2::timestamptz, now()) + $4::bigint * interval '1 millisecond'
+    FROM target
+    WHERE pgonce_key.key = target.key
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        'cancel',
+        $5::text,
+        $6::text,
+        coalesce($2::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify($7::text, 'k1_' || encode(updated.key, 'hex'))
+    FROM updated
+    WHERE $7::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated
+`
+
+type KeyCancelParams struct {
+	Key         []byte
+	Now         *time.Time
+	RetentionMs int64
+	TombstoneMs int64
+	ResolvedBy  string
+	Reason      string
+	Channel     string
+}
+
+type KeyCancelRow struct {
+	Key      []byte
+	Recorded int64
+	Notified int64
+}
+
+// KeyCancel cancels a pending key and records who did it and why: the key
+// becomes final (cancelled), its retention starts, and every duplicate
+// replays the cancellation. Only a pending key is cancelled: the row lock
+// orders the cancel against a claim, and under READ COMMITTED a cancel that
+// waited on a claim re-reads the row, finds its lease and leaves it alone,
+// so an in-flight key is never touched. Any other state returns no row.
+func (q *Queries) KeyCancel(ctx context.Context, db DBTX, arg *KeyCancelParams) (*KeyCancelRow, error) {
+	row := db.QueryRow(ctx, keyCancel,
+		arg.Key,
+		arg.Now,
+		arg.RetentionMs,
+		arg.TombstoneMs,
+		arg.ResolvedBy,
+		arg.Reason,
+		arg.Channel,
+	)
+	var i KeyCancelRow
+	err := row.Scan(&i.Key, &i.Recorded, &i.Notified)
+	return &i, err
+}
+
 const keyResolve = `-- name: KeyResolve :one
 WITH target AS (
     SELECT
@@ -127,6 +217,91 @@ func (q *Queries) KeyResolve(ctx context.Context, db DBTX, arg *KeyResolveParams
 		&i.Recorded,
 		&i.Notified,
 	)
+	return &i, err
+}
+
+const keyRetry = `-- name: KeyRetry :one
+WITH target AS (
+    SELECT pgonce_key.key
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.key = $1::bytea
+        AND pgonce_key.state IN ('failed', 'cancelled')
+    FOR UPDATE
+),
+updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = 'open',
+        failure = NULL,
+        available_at = coalesce($2::timestamptz, now()),
+        updated_at = coalesce($2::timestamptz, now()),
+        ambiguous = false,
+        first_attempted_at = NULL,
+        completed_at = NULL,
+        expires_at = NULL,
+        forget_at = NULL
+    FROM target
+    WHERE pgonce_key.key = target.key
+        AND pgonce_key.state IN ('failed', 'cancelled')
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        'retry',
+        $3::text,
+        $4::text,
+        coalesce($2::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify($5::text, '')
+    FROM updated
+    WHERE $5::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated
+`
+
+type KeyRetryParams struct {
+	Key        []byte
+	Now        *time.Time
+	ResolvedBy string
+	Reason     string
+	Channel    string
+}
+
+type KeyRetryRow struct {
+	Key      []byte
+	Recorded int64
+	Notified int64
+}
+
+// KeyRetry sends a failed or cancelled key back to pending, due now, and
+// records who did it and why: the stored failure is dropped, the retention
+// stops, and the next claim takes the key under a new attempt. Any other
+// state returns no row: a pending or in-flight key is never touched.
+func (q *Queries) KeyRetry(ctx context.Context, db DBTX, arg *KeyRetryParams) (*KeyRetryRow, error) {
+	row := db.QueryRow(ctx, keyRetry,
+		arg.Key,
+		arg.Now,
+		arg.ResolvedBy,
+		arg.Reason,
+		arg.Channel,
+	)
+	var i KeyRetryRow
+	err := row.Scan(&i.Key, &i.Recorded, &i.Notified)
 	return &i, err
 }
 

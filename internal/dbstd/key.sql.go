@@ -60,7 +60,7 @@ const keyCountExpirable = `-- name: KeyCountExpirable :one
 SELECT count(*)::bigint AS expirable
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
-    AND pgonce_key.state IN ('succeeded', 'failed')
+    AND pgonce_key.state IN ('succeeded', 'failed', 'cancelled')
 `
 
 type KeyCountExpirableParams struct {
@@ -97,7 +97,7 @@ WITH due AS (
     SELECT pgonce_key.key
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
-        AND pgonce_key.state IN ('succeeded', 'failed')
+        AND pgonce_key.state IN ('succeeded', 'failed', 'cancelled')
     ORDER BY pgonce_key.expires_at
     LIMIT $2::integer
     FOR UPDATE SKIP LOCKED
@@ -113,6 +113,9 @@ expired AS (
         tool = NULL,
         natural_id = NULL,
         args = NULL,
+        metadata = NULL,
+        delivery = NULL,
+        key_retention_ms = NULL,
         response = NULL,
         failure = NULL,
         last_error = NULL,
@@ -143,8 +146,8 @@ type KeyExpireParams struct {
 // entries on key and scope, so that a concurrent or late duplicate conflicts
 // with the tombstone and never runs. The key's operator decisions go with
 // its call. The tombstone lasts until the forget_at fixed when the key
-// finished. Only succeeded and failed keys have an expiry; pending,
-// in-flight and needs-review keys are never touched. SKIP LOCKED lets
+// finished. Only succeeded, failed and cancelled keys have an expiry;
+// pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
 // pruning run beside anything else without waiting, and small batches keep
 // locks short.
 func (q *Queries) KeyExpire(ctx context.Context, db DBTX, arg *KeyExpireParams) (int64, error) {
@@ -211,6 +214,9 @@ SELECT
     pgonce_key.last_error,
     coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
+    pgonce_key.metadata,
+    pgonce_key.delivery,
+    pgonce_key.key_retention_ms,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = $2::bytea
@@ -222,28 +228,31 @@ type KeyGetParams struct {
 }
 
 type KeyGetRow struct {
-	Key         []byte
-	Scope       []byte
-	Tenant      string
-	RunID       string
-	Step        int64
-	BusinessKey string
-	Tool        string
-	NaturalID   string
-	Fingerprint []byte
-	State       string
-	Attempt     int32
-	Response    []byte
-	Failure     []byte
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	CompletedAt *time.Time
-	ExpiresAt   *time.Time
-	ForgetAt    *time.Time
-	LastError   *string
-	AvailableAt time.Time
-	LeaseUntil  *time.Time
-	Now         time.Time
+	Key            []byte
+	Scope          []byte
+	Tenant         string
+	RunID          string
+	Step           int64
+	BusinessKey    string
+	Tool           string
+	NaturalID      string
+	Fingerprint    []byte
+	State          string
+	Attempt        int32
+	Response       []byte
+	Failure        []byte
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	CompletedAt    *time.Time
+	ExpiresAt      *time.Time
+	ForgetAt       *time.Time
+	LastError      *string
+	AvailableAt    time.Time
+	LeaseUntil     *time.Time
+	Metadata       []byte
+	Delivery       *int16
+	KeyRetentionMs *int64
+	Now            time.Time
 }
 
 // KeyGet reads a key. now is the database's clock, which retry-after hints
@@ -274,6 +283,9 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.LastError,
 		&i.AvailableAt,
 		&i.LeaseUntil,
+		&i.Metadata,
+		&i.Delivery,
+		&i.KeyRetentionMs,
 		&i.Now,
 	)
 	return &i, err
@@ -319,6 +331,9 @@ SELECT
     pgonce_key.last_error,
     coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
     pgonce_key.lease_until,
+    pgonce_key.metadata,
+    pgonce_key.delivery,
+    pgonce_key.key_retention_ms,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = $2::bytea
@@ -334,28 +349,31 @@ type KeyGetByKeyOrScopeParams struct {
 }
 
 type KeyGetByKeyOrScopeRow struct {
-	Key         []byte
-	Scope       []byte
-	Tenant      string
-	RunID       string
-	Step        int64
-	BusinessKey string
-	Tool        string
-	NaturalID   string
-	Fingerprint []byte
-	State       string
-	Attempt     int32
-	Response    []byte
-	Failure     []byte
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	CompletedAt *time.Time
-	ExpiresAt   *time.Time
-	ForgetAt    *time.Time
-	LastError   *string
-	AvailableAt time.Time
-	LeaseUntil  *time.Time
-	Now         time.Time
+	Key            []byte
+	Scope          []byte
+	Tenant         string
+	RunID          string
+	Step           int64
+	BusinessKey    string
+	Tool           string
+	NaturalID      string
+	Fingerprint    []byte
+	State          string
+	Attempt        int32
+	Response       []byte
+	Failure        []byte
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	CompletedAt    *time.Time
+	ExpiresAt      *time.Time
+	ForgetAt       *time.Time
+	LastError      *string
+	AvailableAt    time.Time
+	LeaseUntil     *time.Time
+	Metadata       []byte
+	Delivery       *int16
+	KeyRetentionMs *int64
+	Now            time.Time
 }
 
 // KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same
@@ -385,6 +403,9 @@ func (q *Queries) KeyGetByKeyOrScope(ctx context.Context, db DBTX, arg *KeyGetBy
 		&i.LastError,
 		&i.AvailableAt,
 		&i.LeaseUntil,
+		&i.Metadata,
+		&i.Delivery,
+		&i.KeyRetentionMs,
 		&i.Now,
 	)
 	return &i, err
@@ -402,6 +423,9 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
     natural_id,
     fingerprint,
     args,
+    metadata,
+    delivery,
+    key_retention_ms,
     attempt,
     available_at,
     lease_until,
@@ -420,50 +444,64 @@ INSERT INTO /* TEMPLATE: schema */pgonce_key (
     nullif($8::text, ''),
     $9::bytea,
     $10::bytea,
-    CASE WHEN $11::bigint IS NULL THEN 0 ELSE 1 END,
-    coalesce($12::timestamptz, now()),
-    coalesce($12::timestamptz, now()) + $11::bigint * interval '1 millisecond',
-    $13::text,
-    CASE WHEN $11::bigint IS NOT NULL THEN coalesce($12::timestamptz, now()) END,
-    coalesce($12::timestamptz, now()),
-    coalesce($12::timestamptz, now())
+    $11::bytea,
+    $12::smallint,
+    $13::bigint,
+    CASE WHEN $14::bigint IS NULL THEN 0 ELSE 1 END,
+    greatest(
+        coalesce($15::timestamptz, now()),
+        $16::timestamptz,
+        coalesce($15::timestamptz, now()) + $17::bigint * interval '1 millisecond'
+    ),
+    coalesce($15::timestamptz, now()) + $14::bigint * interval '1 millisecond',
+    $18::text,
+    CASE WHEN $14::bigint IS NOT NULL THEN coalesce($15::timestamptz, now()) END,
+    coalesce($15::timestamptz, now()),
+    coalesce($15::timestamptz, now())
 )
 ON CONFLICT DO NOTHING
 RETURNING
     pgonce_key.created_at,
+    pgonce_key.available_at::timestamptz AS available_at,
     pgonce_key.attempt,
     pgonce_key.lease_until,
     (CASE
-        WHEN pgonce_key.lease_until IS NULL AND $14::text <> ''
-            THEN pg_notify($14::text, '') IS NOT NULL
+        WHEN pgonce_key.lease_until IS NULL AND $19::text <> ''
+            THEN pg_notify($19::text, '') IS NOT NULL
         ELSE false
     END)::boolean AS notified,
-    coalesce($12::timestamptz, now())::timestamptz AS now
+    coalesce($15::timestamptz, now())::timestamptz AS now
 `
 
 type KeyInsertParams struct {
-	Key         []byte
-	Scope       []byte
-	Tenant      string
-	RunID       string
-	Step        int64
-	BusinessKey string
-	Tool        string
-	NaturalID   string
-	Fingerprint []byte
-	Args        []byte
-	LeaseMs     *int64
-	Now         *time.Time
-	Worker      *string
-	Channel     string
+	Key            []byte
+	Scope          []byte
+	Tenant         string
+	RunID          string
+	Step           int64
+	BusinessKey    string
+	Tool           string
+	NaturalID      string
+	Fingerprint    []byte
+	Args           []byte
+	Metadata       []byte
+	Delivery       *int16
+	KeyRetentionMs *int64
+	LeaseMs        *int64
+	Now            *time.Time
+	NotBefore      *time.Time
+	DelayMs        *int64
+	Worker         *string
+	Channel        string
 }
 
 type KeyInsertRow struct {
-	CreatedAt  time.Time
-	Attempt    int32
-	LeaseUntil *time.Time
-	Notified   bool
-	Now        time.Time
+	CreatedAt   time.Time
+	AvailableAt time.Time
+	Attempt     int32
+	LeaseUntil  *time.Time
+	Notified    bool
+	Now         time.Time
 }
 
 // KeyInsert writes the key claim, which is also its outbox entry, and
@@ -475,7 +513,8 @@ type KeyInsertRow struct {
 // KeyGetByKeyOrScope in a new statement: under READ COMMITTED only a new
 // statement's snapshot sees a row that another transaction committed while
 // this insert waited on the unique index. With a lease the key is claimed in
-// flight at once (the inline Do path).
+// flight at once (the inline Do path). A pending key is due at the latest of
+// now, not_before and now + delay_ms (greatest ignores NULLs).
 func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) (*KeyInsertRow, error) {
 	row := db.QueryRowContext(ctx, keyInsert,
 		arg.Key,
@@ -488,18 +527,175 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 		arg.NaturalID,
 		arg.Fingerprint,
 		arg.Args,
+		arg.Metadata,
+		arg.Delivery,
+		arg.KeyRetentionMs,
 		arg.LeaseMs,
 		arg.Now,
+		arg.NotBefore,
+		arg.DelayMs,
 		arg.Worker,
 		arg.Channel,
 	)
 	var i KeyInsertRow
 	err := row.Scan(
 		&i.CreatedAt,
+		&i.AvailableAt,
 		&i.Attempt,
 		&i.LeaseUntil,
 		&i.Notified,
 		&i.Now,
 	)
 	return &i, err
+}
+
+const keyList = `-- name: KeyList :many
+SELECT
+    listed.key,
+    listed.state,
+    listed.tenant,
+    listed.run_id,
+    listed.step,
+    listed.business_key,
+    listed.tool,
+    listed.attempt,
+    listed.created_at,
+    listed.updated_at,
+    listed.completed_at,
+    listed.available_at,
+    listed.lease_until,
+    listed.last_error,
+    coalesce($1::timestamptz, now())::timestamptz AS now
+FROM unnest(string_to_array($2::text, ',')) AS wanted (state)
+CROSS JOIN LATERAL (
+    SELECT
+        pgonce_key.key,
+        pgonce_key.state::text AS state,
+        coalesce(pgonce_key.tenant, '')::text AS tenant,
+        coalesce(pgonce_key.run_id, '')::text AS run_id,
+        coalesce(pgonce_key.step, 0)::bigint AS step,
+        coalesce(pgonce_key.business_key, '')::text AS business_key,
+        coalesce(pgonce_key.tool, '')::text AS tool,
+        pgonce_key.attempt,
+        pgonce_key.created_at,
+        coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+        pgonce_key.completed_at,
+        coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+        pgonce_key.lease_until,
+        pgonce_key.last_error
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.state = wanted.state::/* TEMPLATE: schema */pgonce_state
+        -- The index's predicate, spelled as it is so that the planner can
+        -- use the partial index.
+        AND pgonce_key.state NOT IN ('succeeded', 'expired')
+        AND (pgonce_key.created_at, pgonce_key.key) > ($3::timestamptz, $4::bytea)
+        AND pgonce_key.created_at < coalesce($5::timestamptz, 'infinity'::timestamptz)
+        AND (
+            wanted.state <> 'open'
+            OR ($6::boolean AND pgonce_key.lease_until IS NULL)
+            OR ($7::boolean AND pgonce_key.lease_until IS NOT NULL)
+        )
+        AND ($8::text IS NULL OR pgonce_key.tool = $8::text)
+        AND ($9::text IS NULL OR pgonce_key.tenant = $9::text)
+        AND ($10::text IS NULL OR pgonce_key.run_id = $10::text)
+    ORDER BY
+        pgonce_key.created_at,
+        pgonce_key.key
+    LIMIT $11::integer
+) AS listed
+ORDER BY
+    listed.created_at,
+    listed.key
+LIMIT $11::integer
+`
+
+type KeyListParams struct {
+	Now            *time.Time
+	States         string
+	AfterCreatedAt time.Time
+	AfterKey       []byte
+	CreatedBefore  *time.Time
+	Pending        bool
+	InFlight       bool
+	Tool           *string
+	Tenant         *string
+	RunID          *string
+	MaxRows        int32
+}
+
+type KeyListRow struct {
+	Key         []byte
+	State       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	Attempt     int32
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	AvailableAt time.Time
+	LeaseUntil  *time.Time
+	LastError   *string
+	Now         time.Time
+}
+
+// KeyList pages through keys in creation order, (created_at, key), one
+// state at a time on pgonce_key_list_idx: each wanted state reads its own
+// range of the index from the cursor on, and the first max_rows of all of
+// them are returned. states is a comma-separated list of stored states
+// (not an array: the database/sql output of this file would need lib/pq
+// for one); succeeded and expired are not in the index and never listed.
+// The cursor and the time range are index conditions; tool, tenant and
+// run id filter the rows read.
+func (q *Queries) KeyList(ctx context.Context, db DBTX, arg *KeyListParams) ([]*KeyListRow, error) {
+	rows, err := db.QueryContext(ctx, keyList,
+		arg.Now,
+		arg.States,
+		arg.AfterCreatedAt,
+		arg.AfterKey,
+		arg.CreatedBefore,
+		arg.Pending,
+		arg.InFlight,
+		arg.Tool,
+		arg.Tenant,
+		arg.RunID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*KeyListRow
+	for rows.Next() {
+		var i KeyListRow
+		if err := rows.Scan(
+			&i.Key,
+			&i.State,
+			&i.Tenant,
+			&i.RunID,
+			&i.Step,
+			&i.BusinessKey,
+			&i.Tool,
+			&i.Attempt,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.CompletedAt,
+			&i.AvailableAt,
+			&i.LeaseUntil,
+			&i.LastError,
+			&i.Now,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

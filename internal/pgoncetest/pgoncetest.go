@@ -114,6 +114,7 @@ var keyConstraints = []string{
 	"pgonce_key_lease_check",
 	"pgonce_key_response_check",
 	"pgonce_key_retention_check",
+	"pgonce_key_tool_settings_check",
 	"pgonce_key_updated_check",
 }
 

@@ -15,6 +15,15 @@ const (
 	StateFailed      = "failed"
 	StateNeedsReview = "needs_review"
 	StateExpired     = "expired"
+	StateCancelled   = "cancelled"
+)
+
+// Stored delivery modes: NULL (0 here) is by key, the common mode, which
+// costs no byte.
+const (
+	DeliveryByKey      = 0
+	DeliveryByLookup   = 1
+	DeliveryAtMostOnce = 2
 )
 
 // NewKey is a key claim for [Executor.KeyInsert]. Keys and scopes are passed
@@ -30,6 +39,18 @@ type NewKey struct {
 	NaturalID   string
 	Fingerprint string
 	Args        []byte
+	// Metadata is the call's data outside the key, stored as given; nil
+	// stores NULL.
+	Metadata []byte
+	// Delivery is one of the Delivery constants, and KeyRetention the
+	// provider's key retention (zero: never forgets), as the tool had them
+	// at submit.
+	Delivery     int
+	KeyRetention time.Duration
+	// NotBefore and Delay, when set, make a pending key due no earlier than
+	// NotBefore and no earlier than Delay after the insert.
+	NotBefore *time.Time
+	Delay     time.Duration
 	// Lease, when positive, claims the new key in flight at once for Worker
 	// (the inline path); otherwise the key is pending.
 	Lease  time.Duration
@@ -43,7 +64,9 @@ type NewKey struct {
 // InsertedKey is what [Executor.KeyInsert] returns for a key it inserted.
 type InsertedKey struct {
 	CreatedAt time.Time
-	Attempt   int
+	// AvailableAt is when the key is due.
+	AvailableAt time.Time
+	Attempt     int
 	// LeaseUntil is set when the key was claimed in flight.
 	LeaseUntil *time.Time
 	// Now is the database's clock at the insert.
@@ -73,6 +96,11 @@ type KeyRow struct {
 	LastError   *string
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
+	// Metadata is the call's stored metadata, nil when it had none.
+	Metadata []byte
+	// Delivery and KeyRetention are the tool's settings at submit.
+	Delivery     int
+	KeyRetention time.Duration
 	// Now is the database's clock at the read.
 	Now time.Time
 }
@@ -92,6 +120,11 @@ type ClaimedKey struct {
 	// NaturalID and Args are unset for a key of ClaimKey.
 	NaturalID string
 	Args      []byte
+	Metadata  []byte
+	// Delivery and KeyRetention, the tool's settings at submit, are set for
+	// a reclaimed key only.
+	Delivery     int
+	KeyRetention time.Duration
 	// Now is the database's clock at the claim.
 	Now time.Time
 }
@@ -269,6 +302,7 @@ func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*Claimed
 				LeaseUntil:       row.LeaseUntil,
 				NaturalID:        row.NaturalID,
 				Args:             row.Args,
+				Metadata:         row.Metadata,
 				Now:              row.Now,
 			})
 		}
@@ -297,6 +331,7 @@ func (s *Store) ClaimKey(ctx context.Context, p *ClaimKeyParams) (*ClaimedKey, e
 			Ambiguous:        row.Ambiguous,
 			FirstAttemptedAt: row.FirstAttemptedAt,
 			LeaseUntil:       row.LeaseUntil,
+			Metadata:         row.Metadata,
 			Now:              row.Now,
 		}
 		return nil
@@ -326,6 +361,9 @@ func (s *Store) ReclaimExpired(ctx context.Context, p *ReclaimExpiredParams) ([]
 				FirstAttemptedAt: row.FirstAttemptedAt,
 				NaturalID:        row.NaturalID,
 				Args:             row.Args,
+				Metadata:         row.Metadata,
+				Delivery:         int(deref(row.Delivery)),
+				KeyRetention:     time.Duration(deref(row.KeyRetentionMs)) * time.Millisecond,
 				Now:              row.Now,
 			})
 		}
@@ -624,27 +662,30 @@ func keyRowFromGet(row *dbpgx.KeyGetRow) *KeyRow {
 		return nil
 	}
 	return &KeyRow{
-		Key:         keyText(row.Key),
-		Scope:       hexText(row.Scope),
-		Tenant:      row.Tenant,
-		RunID:       row.RunID,
-		Step:        row.Step,
-		BusinessKey: row.BusinessKey,
-		Tool:        row.Tool,
-		NaturalID:   row.NaturalID,
-		Fingerprint: hexText(row.Fingerprint),
-		State:       row.State,
-		Attempt:     int(row.Attempt),
-		Response:    row.Response,
-		Failure:     row.Failure,
-		CreatedAt:   row.CreatedAt,
-		UpdatedAt:   row.UpdatedAt,
-		CompletedAt: row.CompletedAt,
-		ExpiresAt:   cmp.Or(row.ExpiresAt, row.ForgetAt),
-		LastError:   row.LastError,
-		AvailableAt: row.AvailableAt,
-		LeaseUntil:  row.LeaseUntil,
-		Now:         row.Now,
+		Key:          keyText(row.Key),
+		Scope:        hexText(row.Scope),
+		Tenant:       row.Tenant,
+		RunID:        row.RunID,
+		Step:         row.Step,
+		BusinessKey:  row.BusinessKey,
+		Tool:         row.Tool,
+		NaturalID:    row.NaturalID,
+		Fingerprint:  hexText(row.Fingerprint),
+		State:        row.State,
+		Attempt:      int(row.Attempt),
+		Response:     row.Response,
+		Failure:      row.Failure,
+		CreatedAt:    row.CreatedAt,
+		UpdatedAt:    row.UpdatedAt,
+		CompletedAt:  row.CompletedAt,
+		ExpiresAt:    cmp.Or(row.ExpiresAt, row.ForgetAt),
+		LastError:    row.LastError,
+		AvailableAt:  row.AvailableAt,
+		LeaseUntil:   row.LeaseUntil,
+		Metadata:     row.Metadata,
+		Delivery:     int(deref(row.Delivery)),
+		KeyRetention: time.Duration(deref(row.KeyRetentionMs)) * time.Millisecond,
+		Now:          row.Now,
 	}
 }
 
@@ -660,8 +701,24 @@ func keyInsertParams(k *NewKey) *dbpgx.KeyInsertParams {
 		NaturalID:   k.NaturalID,
 		Fingerprint: hexDigest(k.Fingerprint),
 		Args:        k.Args,
+		Metadata:    k.Metadata,
+		NotBefore:   k.NotBefore,
 		Now:         k.Now,
 		Channel:     k.Channel,
+	}
+	if k.Delivery != DeliveryByKey {
+		delivery := int16(k.Delivery) //nolint:gosec // one of the Delivery constants
+		params.Delivery = &delivery
+	}
+	if k.KeyRetention > 0 {
+		// Whole milliseconds, at least one: a positive retention stays
+		// positive.
+		retention := max(k.KeyRetention.Milliseconds(), 1)
+		params.KeyRetentionMs = &retention
+	}
+	if k.Delay > 0 {
+		delay := k.Delay.Milliseconds()
+		params.DelayMs = &delay
 	}
 	if k.Lease > 0 {
 		lease, worker := k.Lease.Milliseconds(), k.Worker
@@ -674,5 +731,11 @@ func insertedKey(row *dbpgx.KeyInsertRow) *InsertedKey {
 	if row == nil {
 		return nil
 	}
-	return &InsertedKey{CreatedAt: row.CreatedAt, Attempt: int(row.Attempt), LeaseUntil: row.LeaseUntil, Now: row.Now}
+	return &InsertedKey{
+		CreatedAt:   row.CreatedAt,
+		AvailableAt: row.AvailableAt,
+		Attempt:     int(row.Attempt),
+		LeaseUntil:  row.LeaseUntil,
+		Now:         row.Now,
+	}
 }
