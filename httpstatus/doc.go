@@ -11,6 +11,7 @@
 //	succeeded, this request created the key      201 Created
 //	succeeded, a replay                           200 OK, Idempotent-Replayed: true
 //	failed (a permanent failure), first or replay 200 OK (replay: Idempotent-Replayed: true)
+//	cancelled by an operator                      200 OK
 //	in progress (pending, in flight)              202 Accepted, Retry-After
 //	needs review                                  202 Accepted, no Retry-After
 //	expired (a tombstone)                         410 Gone
@@ -23,7 +24,9 @@
 //
 // A permanent failure is an outcome the request produced (or replays), not an
 // error of the gateway, so it is a 200 whose body says "failed"; a gateway
-// that wants another status for it checks [outbox.Result.State] first.
+// that wants another status for it checks [outbox.Result.State] first. A
+// cancellation is an outcome the same way, the operator's rather than any
+// request's, so it is never marked replayed.
 // A key in review has been accepted and has no outcome yet, and asking again
 // changes nothing until an operator resolves it: 202 without a hint.
 //

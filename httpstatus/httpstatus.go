@@ -38,7 +38,7 @@ func forObservation(obs outbox.Observation) Status {
 		if obs.Replayed {
 			s.Code = http.StatusOK
 		}
-	case outbox.ObservationFailed:
+	case outbox.ObservationFailed, outbox.ObservationCancelled:
 		s.Code = http.StatusOK
 	case outbox.ObservationInProgress:
 		s.Code = http.StatusAccepted

@@ -57,6 +57,12 @@ func TestFor(t *testing.T) {
 			httpstatus.Status{Code: http.StatusOK, Replayed: true},
 		},
 		{
+			"Cancelled",
+			outbox.Result{Key: key, State: outbox.StateCancelled},
+			nil,
+			httpstatus.Status{Code: http.StatusOK},
+		},
+		{
 			"Pending",
 			outbox.Result{Key: key, State: outbox.StatePending, Created: true, RetryAfter: 250 * time.Millisecond},
 			nil,

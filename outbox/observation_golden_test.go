@@ -49,6 +49,7 @@ func TestObservationForGolden(t *testing.T) {
 		{"failed", outbox.Result{Key: key, State: outbox.StateFailed, Created: true, Failure: json.RawMessage(`{"code":"card_declined"}`)}, nil, outbox.ObservationFailed},
 		{"failed_replayed", outbox.Result{Key: key, State: outbox.StateFailed, Failure: json.RawMessage(`{"code":"card_declined"}`)}, nil, outbox.ObservationFailed},
 		{"in_progress", outbox.Result{Key: key, State: outbox.StatePending, Created: true, RetryAfter: 250 * time.Millisecond}, nil, outbox.ObservationInProgress},
+		{"cancelled", outbox.Result{Key: key, State: outbox.StateCancelled, CompletedAt: completed}, nil, outbox.ObservationCancelled},
 		{
 			"in_progress_do",
 			outbox.Result{Key: key, State: outbox.StateInFlight, RetryAfter: 2 * time.Second},
