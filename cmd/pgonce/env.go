@@ -241,6 +241,8 @@ func classify(err error, schema string) (int, string) {
 		return exitUsage, err.Error()
 	case errors.Is(err, outbox.ErrNotNeedsReview), errors.Is(err, outbox.ErrExpired):
 		return exitRefused, err.Error()
+	case errors.Is(err, outbox.ErrNotMigrated):
+		return exitFailure, err.Error()
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
 		// undefined_table, invalid_schema_name: the schema went away or was
 		// never migrated after the check at connect.
