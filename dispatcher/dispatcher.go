@@ -114,6 +114,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 			trailing.Stop()
 		}
 	}()
+	d.warnSmallPool(ctx)
 	if !d.client.Config().NotifyDisabled {
 		trailing = d.startListener(listenCtx, &background, signal)
 	}
@@ -384,6 +385,21 @@ func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
 			d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
 				"error", err, "retry_in", retryIn)
 		})
+}
+
+// connsNeeded is how many connections a pool needs for a dispatcher and
+// the waits of its client, in one process, to be woken by notifications:
+// a listener each, and one for statements.
+const connsNeeded = 3
+
+// warnSmallPool warns when the pool has fewer than connsNeeded connections:
+// the dispatcher or the waits then poll instead of listening, and every
+// statement queues for one connection.
+func (d *Dispatcher[TTx]) warnSmallPool(ctx context.Context) {
+	if maxConns := d.store.MaxConns(); maxConns > 0 && maxConns < connsNeeded && !d.client.Config().NotifyDisabled {
+		d.logger.WarnContext(ctx, "pgonce: the connection pool is smaller than a dispatcher and waits in one process need; some of them poll instead of listening, and results reach waiters later",
+			"max_conns", maxConns, "conns_needed", connsNeeded)
+	}
 }
 
 func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {

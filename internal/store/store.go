@@ -163,6 +163,10 @@ func (s *Store) ReserveListener() (release func(), maxConns int, ok bool) {
 	}, maxConns, true
 }
 
+// MaxConns returns the most connections the store's pool opens at once, or
+// 0 for no limit.
+func (s *Store) MaxConns() int { return s.maxConnsFunc() }
+
 // Executor returns an executor that runs each statement on its own in the
 // pool.
 func (s *Store) Executor() Executor { return s.executor }
