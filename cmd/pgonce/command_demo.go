@@ -38,13 +38,15 @@ func demoCommand() *command {
 		name:     "demo",
 		synopsis: "demo [--keep]",
 		summary:  "the refund story end to end, in a throw-away schema",
+		// The demo makes a schema of its own.
+		noSchema: true,
 		help: `Runs the refund story of pgonce's design on the database, in about a second
 and a half: a model asks for refund(order=8842, amount=42.00) three times
 around a lost response and a crashed worker; a fake payment provider that
 honours idempotency keys refunds exactly once.
 
-The demo migrates a fresh schema pgonce_demo_<random> (--schema is not
-used) and drops it at the end unless --keep. It exits 1 if any invariant
+The demo migrates a fresh schema pgonce_demo_<random> and drops it at the
+end unless --keep. It exits 1 if any invariant
 fails: one refund in the ledger, the replay byte for byte, the states.`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			keep := fs.Bool("keep", false, "keep the demo schema and print its name")

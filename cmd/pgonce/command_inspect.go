@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -54,6 +55,7 @@ type inspectHead struct {
 	NaturalID   string              `json:"natural_id"`
 	Fingerprint string              `json:"fingerprint,omitempty"`
 	Attempts    int                 `json:"attempts"`
+	LastError   string              `json:"last_error,omitempty"`
 	CreatedAt   *time.Time          `json:"created_at,omitempty"`
 	UpdatedAt   *time.Time          `json:"updated_at,omitempty"`
 	CompletedAt *time.Time          `json:"completed_at,omitempty"`
@@ -106,6 +108,7 @@ func printInspectJSON(e *env, in outbox.Inspection) error {
 		NaturalID:   in.NaturalID,
 		Fingerprint: in.Fingerprint,
 		Attempts:    in.Attempts,
+		LastError:   in.LastError,
 		CreatedAt:   timePtr(in.CreatedAt),
 		UpdatedAt:   timePtr(in.UpdatedAt),
 		CompletedAt: timePtr(in.CompletedAt),
@@ -161,6 +164,9 @@ func printInspect(e *env, in outbox.Inspection) error {
 	line("fingerprint", in.Fingerprint)
 	line("args", string(in.Args))
 	line("attempts", fmt.Sprint(in.Attempts))
+	// Why the last attempt did not succeed, whatever the state: the error
+	// a retry, a give-up, a permanent failure or a needs review left.
+	line("last error", cmp.Or(in.LastError, "-"))
 	line("created at", formatTime(in.CreatedAt))
 	line("updated at", formatTime(in.UpdatedAt))
 	line("completed at", formatTime(in.CompletedAt))
@@ -172,7 +178,6 @@ func printInspect(e *env, in outbox.Inspection) error {
 		line("  worker", q.Worker)
 		line("  first attempt", formatTime(q.FirstAttemptedAt))
 		line("  ambiguous", fmt.Sprint(q.Ambiguous))
-		line("  last error", q.LastError)
 	} else {
 		line("queue", "-")
 	}
