@@ -85,4 +85,3 @@ func (d *Dispatcher[TTx]) elect(ctx context.Context, name, id string, ttl time.D
 	defer cancel()
 	return d.store.LeaderElect(ctx, name, id, ttl, nil)
 }
-
