@@ -2,7 +2,6 @@ package dispatcher_test
 
 import (
 	"database/sql"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -165,7 +164,7 @@ func testMaintenance[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		config.Reconcile.Grace, config.MaintenanceInterval = 0, time.Millisecond
 		_, err = dispatcher.New(b.client, config)
 		require.ErrorIs(t, err, dispatcher.ErrInvalidConfig)
-		require.False(t, errors.Is(err, reconcile.ErrInvalidConfig))
+		require.NotErrorIs(t, err, reconcile.ErrInvalidConfig)
 	})
 }
 
