@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,7 @@ import (
 	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/migrations"
 	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
 )
 
 // TestNotMigrated covers a schema that does not exist, one without tables,
@@ -62,6 +64,15 @@ func testNotMigrated[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		key, err := outbox.DeriveKey(call)
 		require.NoError(t, err)
 		_, err = client.Get(ctx, key)
+		requireNotMigrated(t, err, schema, applied)
+		waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		_, err = client.Wait(waitCtx, key)
+		requireNotMigrated(t, err, schema, applied)
+		require.NoError(t, waitCtx.Err(), "Wait returns at once: retrying cannot cure it")
+		reconciler, err := reconcile.New(client, reconcile.Config{})
+		require.NoError(t, err)
+		_, err = reconciler.RunOnce(ctx)
 		requireNotMigrated(t, err, schema, applied)
 		_, err = client.Do(ctx, call, nil)
 		requireNotMigrated(t, err, schema, applied)
