@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
 )
 
 // Defaults of [Config].
@@ -21,6 +22,9 @@ const (
 	BackoffMaxDefault      = 10 * time.Minute
 	ShutdownTimeoutDefault = 30 * time.Second
 	UnservedAfterDefault   = time.Hour
+	// MaintenanceIntervalDefault is how often the elected dispatcher
+	// reconciles and prunes.
+	MaintenanceIntervalDefault = 30 * time.Second
 )
 
 // ErrInvalidConfig is returned by [New] for an invalid [Config].
@@ -74,6 +78,31 @@ type Config struct {
 	// [UnservedAfterDefault].
 	UnservedAfter time.Duration
 
+	// MaintenanceDisabled turns off in-process maintenance. By default, the
+	// dispatchers that serve the same tools in one schema elect one of
+	// themselves, which every [Config.MaintenanceInterval] runs a reconciler
+	// over the dispatcher's client ([reconcile.Reconciler.RunOnce]: expired
+	// leases of those tools resolved, retention pruned unless
+	// Reconcile.PruneDisabled), so that a service that runs dispatchers alone
+	// is never left with keys in flight after a crash. Disable it for
+	// services that run `pgonce reconcile --once` or their own reconciler on
+	// a schedule; both running at once is safe, only redundant. Defaults to
+	// false.
+	MaintenanceDisabled bool
+
+	// MaintenanceInterval is how often the elected dispatcher runs
+	// maintenance, and how often the others ask to be elected. The leader
+	// holds its leadership for three intervals and renews it every interval,
+	// so a crashed leader is replaced within three intervals; one that stops
+	// hands leadership over at once. Defaults to
+	// [MaintenanceIntervalDefault].
+	MaintenanceInterval time.Duration
+
+	// Reconcile configures the reconciler that maintenance runs. Its zero
+	// value works (see [reconcile.Config]); its Logger defaults to the
+	// dispatcher's.
+	Reconcile reconcile.Config
+
 	// Logger receives the dispatcher's logs. Defaults to the client's.
 	Logger *slog.Logger
 }
@@ -88,6 +117,8 @@ func (c Config) withDefaults(client outbox.Config) Config {
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, ShutdownTimeoutDefault)
 	c.UnservedAfter = cmp.Or(c.UnservedAfter, UnservedAfterDefault)
 	c.Logger = cmp.Or(c.Logger, client.Logger)
+	c.MaintenanceInterval = cmp.Or(c.MaintenanceInterval, MaintenanceIntervalDefault)
+	c.Reconcile.Logger = cmp.Or(c.Reconcile.Logger, c.Logger)
 	return c
 }
 
@@ -107,6 +138,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: ShutdownTimeout must not be negative, or -1 to cancel calls at once", ErrInvalidConfig)
 	case c.UnservedAfter < -1:
 		return fmt.Errorf("%w: UnservedAfter must be positive, or -1 to disable", ErrInvalidConfig)
+	case c.MaintenanceInterval < 10*time.Millisecond:
+		return fmt.Errorf("%w: MaintenanceInterval must be at least 10ms", ErrInvalidConfig)
 	}
 	return nil
 }

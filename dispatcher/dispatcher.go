@@ -15,6 +15,7 @@ import (
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
 )
 
 // Dispatcher claims due pending keys and runs their providers. Any number of
@@ -29,6 +30,9 @@ type Dispatcher[TTx any] struct {
 	config   Config
 	logger   *slog.Logger
 	workerID string
+	// reconciler runs maintenance while this dispatcher is elected; nil
+	// with [Config.MaintenanceDisabled].
+	reconciler *reconcile.Reconciler[TTx]
 
 	running sync.Mutex
 }
@@ -44,15 +48,23 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
+	var reconciler *reconcile.Reconciler[TTx]
+	if !config.MaintenanceDisabled {
+		var err error
+		if reconciler, err = reconcile.New(client, config.Reconcile); err != nil {
+			return nil, fmt.Errorf("%w: Reconcile: %w", ErrInvalidConfig, err)
+		}
+	}
 	attempts := attempt.Of(client)
 	return &Dispatcher[TTx]{
-		client:   client,
-		attempts: attempts,
-		store:    attempts.Store(),
-		registry: clientConfig.Registry,
-		config:   config,
-		logger:   config.Logger,
-		workerID: ident.WorkerID(clientConfig.WorkerID),
+		client:     client,
+		attempts:   attempts,
+		store:      attempts.Store(),
+		registry:   clientConfig.Registry,
+		config:     config,
+		logger:     config.Logger,
+		workerID:   ident.WorkerID(clientConfig.WorkerID),
+		reconciler: reconciler,
 	}, nil
 }
 
@@ -68,6 +80,11 @@ func (d *Dispatcher[TTx]) WorkerID() string { return d.workerID }
 // when the pool can spare one beside the connection its claims and records
 // take one at a time; over a pool of one connection it logs a warning and
 // polls every [Config.PollInterval] instead.
+//
+// Unless [Config.MaintenanceDisabled], Run also takes part in the election
+// of the dispatcher that runs maintenance (see [Config.MaintenanceDisabled])
+// and, while elected, reconciles and prunes every
+// [Config.MaintenanceInterval]; it resigns when ctx is done.
 //
 // Database errors are logged and retried; Run returns an error only when it
 // is already running.
@@ -97,8 +114,12 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 			trailing.Stop()
 		}
 	}()
+	d.warnSmallPool(ctx)
 	if !d.client.Config().NotifyDisabled {
 		trailing = d.startListener(listenCtx, &background, signal)
+	}
+	if d.reconciler != nil {
+		background.Go(func() { d.maintain(listenCtx, d.reconciler) })
 	}
 
 	// Provider calls outlive ctx by up to ShutdownTimeout; hardStop ends
@@ -365,6 +386,21 @@ func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
 			d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
 				"error", err, "retry_in", retryIn)
 		})
+}
+
+// connsNeeded is how many connections a pool needs for a dispatcher and
+// the waits of its client, in one process, to be woken by notifications:
+// a listener each, and one for statements.
+const connsNeeded = 3
+
+// warnSmallPool warns when the pool has fewer than connsNeeded connections:
+// the dispatcher or the waits then poll instead of listening, and every
+// statement queues for one connection.
+func (d *Dispatcher[TTx]) warnSmallPool(ctx context.Context) {
+	if maxConns := d.store.MaxConns(); maxConns > 0 && maxConns < connsNeeded && !d.client.Config().NotifyDisabled {
+		d.logger.WarnContext(ctx, "pgonce: the connection pool is smaller than a dispatcher and waits in one process need; some of them poll instead of listening, and results reach waiters later",
+			"max_conns", maxConns, "conns_needed", connsNeeded)
+	}
 }
 
 func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {

@@ -49,5 +49,19 @@
 // database/sql SetMaxOpenConns(1)) Run logs a warning at start-up and polls
 // every PollInterval instead. When Run's context is done it stops
 // claiming, lets calls in flight finish for [Config.ShutdownTimeout], records
-// them, and returns; calls cut off stay in flight for the reconciler.
+// them, and returns; calls cut off stay in flight for the reconciler. A pool
+// smaller than the 3 connections a dispatcher and waits in one process need
+// to listen is named in a warning when Run starts.
+//
+// # Maintenance
+//
+// Unless [Config.MaintenanceDisabled], the dispatchers that serve the same
+// tools in one schema elect one of themselves, through a row with a lease in
+// the schema's pgonce_leader table (safe behind PgBouncer, unlike a session
+// advisory lock), and the leader runs a reconciler every
+// [Config.MaintenanceInterval]: keys left in flight by a crashed worker are
+// resolved, and retention is applied, with no reconciler of your own. A
+// leader that stops resigns; one that crashes is replaced once its lease,
+// three intervals, expires. Running `pgonce reconcile --once` or another
+// reconciler beside it is safe.
 package dispatcher

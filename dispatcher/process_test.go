@@ -26,6 +26,10 @@ const (
 	childSchemaEnv = "PGONCE_TEST_CHILD_SCHEMA"
 	childURLEnv    = "PGONCE_TEST_CHILD_URL"
 	childDriverEnv = "PGONCE_TEST_CHILD_DRIVER"
+	// childMaintenanceEnv, when set, makes the child's dispatcher run
+	// maintenance every 100ms with a reconciler grace of 1ms, under the
+	// worker id child-PID.
+	childMaintenanceEnv = "PGONCE_TEST_CHILD_MAINTENANCE"
 )
 
 // runChildDispatcher is the body of a dispatcher process: over the driver
@@ -58,13 +62,20 @@ func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
-	client, closeClient, err := driver.Open(pool, outbox.Config{Schema: schema, Registry: registry})
+	clientConfig := outbox.Config{Schema: schema, Registry: registry}
+	config := dispatcher.Config{PollInterval: 50 * time.Millisecond, BatchSize: 50, Concurrency: 8}
+	if os.Getenv(childMaintenanceEnv) != "" {
+		clientConfig.WorkerID = fmt.Sprintf("child-%d", pid)
+		config.MaintenanceInterval = 100 * time.Millisecond
+		config.Reconcile.Grace = time.Millisecond
+	}
+	client, closeClient, err := driver.Open(pool, clientConfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
 	defer closeClient()
-	d, err := dispatcher.New(client, dispatcher.Config{PollInterval: 50 * time.Millisecond, BatchSize: 50, Concurrency: 8})
+	d, err := dispatcher.New(client, config)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
@@ -129,4 +140,82 @@ func testProcessesDrainEachRowOnce[TTx any](t *testing.T, driver drivertest.Driv
 	require.Equal(t, rows, effects, "every row executed exactly once")
 	require.Equal(t, rows, distinctKeys)
 	require.GreaterOrEqual(t, workers, 2, "the processes shared the work")
+}
+
+func TestProcessesKilledLeaderIsReplaced(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testProcessesKilledLeaderIsReplaced[pgx.Tx], testProcessesKilledLeaderIsReplaced[*sql.Tx])
+}
+
+// testProcessesKilledLeaderIsReplaced runs two dispatcher processes with
+// maintenance on: one is elected; SIGKILLed, it never resigns, and the
+// other takes over once its lease expires and resolves a key that a crashed
+// worker left in flight, with no reconciler but theirs.
+func testProcessesKilledLeaderIsReplaced[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
+	pool := pgoncetest.Pool(t)
+	_, err := pool.Exec(t.Context(), `CREATE TABLE "`+bundle.schema+`".ledger (key text NOT NULL, pid integer NOT NULL)`)
+	require.NoError(t, err)
+
+	// A key a crashed worker holds under a lease that ends in 3s: nobody
+	// may take it before then.
+	stranded := submit(t, bundle.client, "refund", 1)
+	pgoncetest.AbandonKeys(t, bundle.schema, -3*time.Second, stranded)
+
+	children := map[int]*exec.Cmd{}
+	for range 2 {
+		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+pgoncetest.DatabaseURL(t),
+			childDriverEnv+"="+driver.Name, childMaintenanceEnv+"=1")
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		children[cmd.Process.Pid] = cmd
+	}
+	t.Cleanup(func() {
+		for _, cmd := range children {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	leaderPID := func(l leader) int {
+		var pid int
+		_, err := fmt.Sscanf(l.id, "child-%d:", &pid)
+		require.NoError(t, err, "leader id %q", l.id)
+		return pid
+	}
+
+	var first leader
+	require.Eventually(t, func() bool {
+		got := leaders(t, bundle.schema)
+		if len(got) == 1 {
+			first = got[0]
+		}
+		return len(got) == 1
+	}, time.Minute, 5*time.Millisecond, "nobody was elected")
+	killed := leaderPID(first)
+	require.Contains(t, children, killed)
+	require.NoError(t, children[killed].Process.Kill())
+	_ = children[killed].Wait()
+
+	// The killed leader's lease lasts at least as long as it did when it
+	// was read; nobody takes over before it expires.
+	var next leader
+	require.Eventually(t, func() bool {
+		got := leaders(t, bundle.schema)
+		if len(got) == 1 && leaderPID(got[0]) != killed {
+			next = got[0]
+			return true
+		}
+		return false
+	}, time.Minute, 5*time.Millisecond, "the surviving process never took over")
+	require.Contains(t, children, leaderPID(next))
+	require.False(t, next.electedAt.Before(first.expiresAt), "taken over only once the killed leader's lease expired")
+
+	res := awaitState(t, bundle.client, stranded, outbox.StateSucceeded)
+	require.Equal(t, 3, res.Attempts, "abandoned at 1, reclaimed by maintenance at 2, dispatched at 3")
+	var effects int
+	require.NoError(t, pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM "`+bundle.schema+`".ledger WHERE key = $1`, string(stranded)).Scan(&effects))
+	require.Equal(t, 1, effects)
 }

@@ -35,7 +35,8 @@ type Client[TTx any] struct {
 // driver (sql.Open("pgx", url) after importing
 // github.com/jackc/pgx/v5/stdlib, or stdlib.OpenDBFromPool). Its
 // [Client.SubmitTx] takes the caller's *sql.Tx. The schema must already be
-// migrated (see the migrations package).
+// migrated (see the migrations package); New itself runs no statement, so
+// call [Client.CheckSchema] at start-up to fail fast.
 func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 	return newClient(config, func(schema string) (store.Driver[*sql.Tx], error) {
 		return store.NewStdDriver(db, schema)
@@ -44,7 +45,8 @@ func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 
 // NewPgx returns a client over pool. Its [Client.SubmitTx] takes the
 // caller's pgx.Tx. The schema must already be migrated (see the migrations
-// package; pass it stdlib.OpenDBFromPool(pool)).
+// package; pass it stdlib.OpenDBFromPool(pool)); NewPgx itself runs no
+// statement, so call [Client.CheckSchema] at start-up to fail fast.
 func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
 	return newClient(config, func(schema string) (store.Driver[pgx.Tx], error) {
 		return store.NewPgxDriver(pool, schema)
@@ -63,6 +65,26 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 	c := &Client[TTx]{config: config, driver: driver, store: driver.Store()}
 	c.attempts = newRunner(c)
 	return c, nil
+}
+
+// CheckSchema reads, without writing anything, the migration version applied
+// to the client's schema and returns an error matching [ErrNotMigrated] when
+// the schema is missing or older than this build needs, naming both versions
+// and the fix. Call it once at start-up, after [New] or [NewPgx], which take
+// no context and run no statement:
+//
+//	client, err := outbox.NewPgx(pool, outbox.Config{Schema: "pgonce"})
+//	if err != nil {
+//		return err
+//	}
+//	if err := client.CheckSchema(ctx); err != nil {
+//		return err // errors.Is(err, outbox.ErrNotMigrated): run migrations.Up
+//	}
+//
+// Without the check, the first operation on such a schema returns the same
+// error.
+func (c *Client[TTx]) CheckSchema(ctx context.Context) error {
+	return c.store.CheckSchema(ctx)
 }
 
 // Config returns the client's configuration, with defaults filled in.

@@ -89,6 +89,14 @@ var ErrTxDone = errTxDone()
 // retries it.
 var ErrProviderFailed = errors.New("provider failed, retry later")
 
+// ErrNotMigrated is returned by [Client.CheckSchema], and by every operation
+// of a [Client], a dispatcher or a reconciler, when the client's schema is
+// missing or migrated by an older build: a statement named a table, a column
+// or a type the schema lacks. The message names the schema, the version
+// applied to it, the version this build needs and the fix, `pgonce migrate
+// up --schema NAME` or migrations.Up. Nothing was written.
+var ErrNotMigrated = errNotMigrated()
+
 // KeyConflictError details an [ErrKeyConflict].
 type KeyConflictError struct {
 	// Key is the key the request derived.
@@ -161,6 +169,7 @@ func errSerialization() error { return store.ErrSerialization }
 func errTimeout() error       { return store.ErrTimeout }
 func errTxAborted() error     { return store.ErrTxAborted }
 func errTxDone() error        { return store.ErrTxDone }
+func errNotMigrated() error   { return store.ErrNotMigrated }
 
 // ErrInvalidParams is returned by [Client.Cancel], [Client.Retry] and
 // [Client.List] for malformed parameters: a By or Reason that is empty, too

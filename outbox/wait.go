@@ -18,6 +18,12 @@ import (
 const (
 	waitPollMin = 50 * time.Millisecond
 	waitPollMax = 2 * time.Second
+	// waitPollMaxUnheard caps the backoff of a wait that no notification
+	// can wake: its client's waits do not listen (a pool too small, or
+	// [Config.NotifyDisabled]), so its reads are all it has. Backing off to
+	// waitPollMax, a wait over a pool of two saw results up to 2s late,
+	// after its caller had given up.
+	waitPollMaxUnheard = 250 * time.Millisecond
 )
 
 // Wait returns key's result as soon as the key leaves pending and in flight:
@@ -30,7 +36,8 @@ const (
 // pool keeps another one for the reads: over a pool of one connection
 // (pgxpool MaxConns 1, database/sql SetMaxOpenConns(1)), or of two while the
 // client's dispatcher listens, waits do not listen and see a result by
-// re-reading alone, up to 2s after it is recorded.
+// re-reading alone, backing off to 250ms instead of 2s, so at most 250ms
+// after it is recorded; so does every wait under [Config.NotifyDisabled].
 //
 // Each read runs under [Config.StatementTimeout]. A read that fails
 // transiently (a lost connection, a half-open one that reached that
@@ -75,9 +82,13 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	}
 
 	woken := make(chan struct{}, 1)
+	pollMax := waitPollMaxUnheard
 	if !c.config.NotifyDisabled {
-		unsubscribe := c.waiters.subscribe(c.store, c.config, key, woken)
+		unsubscribe, listening := c.waiters.subscribe(c.store, c.config, key, woken)
 		defer unsubscribe()
+		if listening {
+			pollMax = waitPollMax
+		}
 	}
 
 	poll := waitPollMin
@@ -89,7 +100,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 			return res, waitDone(ctx, res, key, lastErr)
 		case <-woken:
 		case <-timer.C:
-			poll = min(2*poll, waitPollMax)
+			poll = min(2*poll, pollMax)
 		}
 		next, err := read()
 		switch {
@@ -162,8 +173,10 @@ type waiters struct {
 // subscribe registers woken for key, starting the listener if it is the
 // first wait. woken receives a value when key may have changed, and after
 // every (re)connection of the listener. The returned function unregisters,
-// and stops the listener after the last wait.
-func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan struct{}) func() {
+// and stops the listener after the last wait; listening reports whether a
+// listener runs, which a pool too small to spare a connection for it
+// prevents.
+func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan struct{}) (unsubscribe func(), listening bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.byKey == nil {
@@ -177,6 +190,7 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 	if w.count == 1 {
 		w.start(s, config)
 	}
+	listening = w.cancel != nil
 	return func() {
 		w.mu.Lock()
 		delete(w.byKey[key], woken)
@@ -195,7 +209,7 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 			cancel()
 			<-done
 		}
-	}
+	}, listening
 }
 
 // start starts the listener, unless the pool is too small to listen and

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -38,13 +39,17 @@ func demoCommand() *command {
 		name:     "demo",
 		synopsis: "demo [--keep]",
 		summary:  "the refund story end to end, in a throw-away schema",
+		// The demo makes a schema of its own.
+		noSchema: true,
 		help: `Runs the refund story of pgonce's design on the database, in about a second
-and a half: a model asks for refund(order=8842, amount=42.00) three times
+and a half: a model asks for refund(order=8842, amount="42.00") three times
 around a lost response and a crashed worker; a fake payment provider that
-honours idempotency keys refunds exactly once.
+honours idempotency keys refunds exactly once. Then the model re-plans the
+same step with another amount (a conflict: nothing runs), and a mail whose
+outcome nobody knows goes to needs review and is resolved by an operator.
 
-The demo migrates a fresh schema pgonce_demo_<random> (--schema is not
-used) and drops it at the end unless --keep. It exits 1 if any invariant
+The demo migrates a fresh schema pgonce_demo_<random> and drops it at the
+end unless --keep. It exits 1 if any invariant
 fails: one refund in the ledger, the replay byte for byte, the states.`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			keep := fs.Bool("keep", false, "keep the demo schema and print its name")
@@ -103,8 +108,10 @@ func (p *demoPayments) Call(ctx context.Context, req outbox.Request) (json.RawMe
 // byte for byte.
 func (p *demoPayments) refund(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 	var args struct {
-		Order  int64       `json:"order"`
-		Amount json.Number `json:"amount"`
+		Order int64 `json:"order"`
+		// Money travels as a decimal string: a JSON number could be read
+		// as a float on the way.
+		Amount string `json:"amount"`
 	}
 	if err := json.Unmarshal(req.Args, &args); err != nil {
 		return nil, outbox.Permanent(fmt.Errorf("bad refund arguments: %w", err))
@@ -112,7 +119,7 @@ func (p *demoPayments) refund(ctx context.Context, req outbox.Request) (json.Raw
 	_, err := p.pool.Exec(ctx, `INSERT INTO `+p.ledger+` (idempotency_key, order_id, amount)
 		VALUES ($1, $2, $3::text::numeric)
 		ON CONFLICT (idempotency_key) DO NOTHING`,
-		string(req.Key), args.Order, args.Amount.String())
+		string(req.Key), args.Order, args.Amount)
 	if err != nil {
 		return nil, err
 	}
@@ -217,6 +224,9 @@ func (e *env) demo(ctx context.Context, keep bool) (err error) {
 	if err := registry.Register("refund", payments, outbox.IdempotentByKey); err != nil {
 		return err
 	}
+	if err := registry.Register("notify", demoMailer{}, outbox.AtMostOnce); err != nil {
+		return err
+	}
 	client, err := c.client(outbox.Config{
 		Registry: registry, CallTimeout: demoCallTimeout, Lease: demoLease, Logger: quiet,
 	})
@@ -251,7 +261,9 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 		Concurrency:     1,
 		PollInterval:    20 * time.Millisecond,
 		ShutdownTimeout: demoStepTimeout,
-		Logger:          quiet,
+		// The demo runs its reconciler itself, in step 4, to show it.
+		MaintenanceDisabled: true,
+		Logger:              quiet,
 	}
 
 	say("pgonce demo: ask twice, execute once")
@@ -266,7 +278,9 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 		RunID:  "run-8842",
 		Step:   1,
 		Tool:   "refund",
-		Args:   json.RawMessage(`{"order": 8842, "amount": 42.00}`),
+		// Money as a decimal string, never a JSON number: the canonical
+		// form keeps a string as written, so "42.00" stays exact.
+		Args: json.RawMessage(`{"order": 8842, "amount": "42.00"}`),
 	}
 	canonical, err := outbox.Canonicalize(call.Args)
 	if err != nil {
@@ -280,7 +294,7 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	if err != nil {
 		return err
 	}
-	say("1. The model emits refund(order=8842, amount=42.00).")
+	say(`1. The model emits refund(order=8842, amount="42.00"), the amount a decimal string.`)
 	say("   arguments as written:  %s", call.Args)
 	say("   canonical (RFC 8785):  %s", canonical)
 	say("   key:                   %s", key)
@@ -313,7 +327,7 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 
 	// 2. The duplicate, while the call is in flight.
 	again := call
-	again.Args = json.RawMessage(`{"amount": 42, "order": 8842}`)
+	again.Args = json.RawMessage(`{"amount":"42.00",  "order":8842}`)
 	res, err = submit(ctx, c, client, again)
 	if err != nil {
 		return err
@@ -324,7 +338,7 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	}
 	say("")
 	say("2. A dispatcher has claimed the row and is calling the provider. The model asks again:")
-	say("   arguments as written:  %s  (same canonical value, so the same key)", again.Args)
+	say("   arguments as written:  %s  (other order and spacing, same canonical value, so the same key)", again.Args)
 	say("   key:                   %s", res.Key)
 	say("   created=%t state=%s: in progress, retry later; nothing new runs.", res.Created, res.State)
 	say("   observation: %s", maskObservation(res.Observation().JSON()))
@@ -474,9 +488,98 @@ func demoRecover(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], pay
 	if len(rows) != 1 || rows[0].key != string(key) {
 		return invariant("the ledger must hold one refund under key %s, got %d rows", key, len(rows))
 	}
+	if err := demoConflict(ctx, e, client, payments, call); err != nil {
+		return err
+	}
+	if err := demoReview(ctx, e, client); err != nil {
+		return err
+	}
 	say("")
-	say("Asked 3 times, executed once; provider called %d times.", payments.calls.Load())
+	say("Refund asked 3 times, executed once; provider called %d times.", payments.calls.Load())
 	return nil
+}
+
+// demoConflict is step 7: the same run and step asked again with other
+// arguments is a conflict, not a second refund.
+func demoConflict(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], payments *demoPayments, call outbox.Call) error {
+	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
+	replanned := call
+	replanned.Args = json.RawMessage(`{"order": 8842, "amount": "40.00"}`)
+	calls := payments.calls.Load()
+	_, err := client.Submit(ctx, replanned)
+	var conflict *outbox.KeyConflictError
+	if !errors.As(err, &conflict) {
+		return invariant("the same step with other arguments must conflict, got %v", err)
+	}
+	n, err := payments.rows(ctx)
+	if err != nil {
+		return err
+	}
+	say("")
+	say(`7. The model re-plans step 1 while asking again: refund(order=8842, amount="40.00").`)
+	say("   One logical step is one action, so pgonce refuses: ErrKeyConflict, nothing written, nothing runs.")
+	say("   existing key: %s (tool %s)", conflict.ExistingKey, conflict.ExistingTool)
+	say("   provider calls: %d, refunds in the ledger: %d", payments.calls.Load(), len(n))
+	if payments.calls.Load() != calls || len(n) != 1 {
+		return invariant("a conflict must run nothing, got calls=%d refunds=%d", payments.calls.Load(), len(n))
+	}
+	return nil
+}
+
+// demoReview is step 8: a tool that can neither deduplicate nor be asked
+// what happened goes to needs review after an ambiguous attempt, and an
+// operator resolves it.
+func demoReview(ctx context.Context, e *env, client *outbox.Client[pgx.Tx]) error {
+	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
+	call := outbox.Call{
+		Tenant: "acme",
+		RunID:  "run-8842",
+		Step:   2,
+		Tool:   "notify",
+		Args:   json.RawMessage(`{"order": 8842, "template": "refund_issued"}`),
+	}
+	res, err := client.Do(ctx, call, demoMailer{})
+	if err != nil {
+		return err
+	}
+	say("")
+	say(`8. Step 2 sends the customer a mail: tool "notify", AtMostOnce (the mailer takes no key and`)
+	say("   cannot be asked what it sent). Its call times out after sending: nobody knows whether")
+	say("   the mail went out, so pgonce never retries it blindly.")
+	say("   state=%s, last error: %s", res.State, res.LastError)
+	if res.State != outbox.StateNeedsReview {
+		return invariant("an ambiguous AtMostOnce attempt must need review, got state=%s", res.State)
+	}
+	resolution := outbox.Resolution{
+		Action:   outbox.ResolveSucceeded,
+		Response: json.RawMessage(`{"sent": true}`),
+		By:       "ops",
+		Reason:   "the mail log shows delivery",
+	}
+	res, err = client.Resolve(ctx, res.Key, resolution)
+	if err != nil {
+		return err
+	}
+	say("   An operator checks the mail log and resolves it, as this command would:")
+	say("     pgonce resolve %s --succeeded --response '%s' --reason '%s' --by %s",
+		res.Key, resolution.Response, resolution.Reason, resolution.By)
+	say("   state=%s", res.State)
+	again, err := client.Submit(ctx, call)
+	if err != nil {
+		return err
+	}
+	say("   Asked again, step 2 replays the decision: %s", again.Observation().JSON())
+	if again.State != outbox.StateSucceeded || !again.Replayed() || !bytes.Equal(again.Response, resolution.Response) {
+		return invariant("the resolved key must replay the operator's response, got state=%s response=%s", again.State, again.Response)
+	}
+	return nil
+}
+
+// demoMailer is a mailer whose call sends and then times out.
+type demoMailer struct{}
+
+func (demoMailer) Call(context.Context, outbox.Request) (json.RawMessage, error) {
+	return nil, outbox.Ambiguous(errors.New("mail server timed out after accepting the message"))
 }
 
 // pause waits d, or returns ctx's error.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,6 +56,7 @@ type inspectHead struct {
 	NaturalID   string              `json:"natural_id"`
 	Fingerprint string              `json:"fingerprint,omitempty"`
 	Attempts    int                 `json:"attempts"`
+	LastError   string              `json:"last_error,omitempty"`
 	CreatedAt   *time.Time          `json:"created_at,omitempty"`
 	UpdatedAt   *time.Time          `json:"updated_at,omitempty"`
 	CompletedAt *time.Time          `json:"completed_at,omitempty"`
@@ -112,6 +114,7 @@ func printInspectJSON(e *env, in outbox.Inspection) error {
 		NaturalID:   in.NaturalID,
 		Fingerprint: in.Fingerprint,
 		Attempts:    in.Attempts,
+		LastError:   in.LastError,
 		CreatedAt:   timePtr(in.CreatedAt),
 		UpdatedAt:   timePtr(in.UpdatedAt),
 		CompletedAt: timePtr(in.CompletedAt),
@@ -176,6 +179,9 @@ func printInspect(e *env, in outbox.Inspection) error {
 		line("key retention", formatDuration(in.KeyRetention))
 	}
 	line("attempts", fmt.Sprint(in.Attempts))
+	// Why the last attempt did not succeed, whatever the state: the error
+	// a retry, a give-up, a permanent failure or a needs review left.
+	line("last error", cmp.Or(in.LastError, "-"))
 	line("created at", formatTime(in.CreatedAt))
 	line("updated at", formatTime(in.UpdatedAt))
 	line("completed at", formatTime(in.CompletedAt))
@@ -187,7 +193,6 @@ func printInspect(e *env, in outbox.Inspection) error {
 		line("  worker", q.Worker)
 		line("  first attempt", formatTime(q.FirstAttemptedAt))
 		line("  ambiguous", fmt.Sprint(q.Ambiguous))
-		line("  last error", q.LastError)
 	} else {
 		line("queue", "-")
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/pressly/goose/v3"
 
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/migrations"
 )
 
@@ -26,7 +28,8 @@ func migrateCommand() *command {
         safe to run at every deploy and from several processes at once.
 down    rolls every migration back: drops pgonce's tables and every key,
         response and tombstone in the schema. Requires --yes.
-status  lists the migrations and whether each is applied.
+status  lists the migrations and whether each is applied; changes nothing
+        (a schema never migrated stays absent).
 sql     prints pgonce's goose files with --schema filled in, for a goose
         directory of your own; needs no database. --version N prints one
         file as it is, ready to save under a version number of your own
@@ -110,18 +113,32 @@ func (e *env) migrateStatus(ctx context.Context, asJSON bool) error {
 		return err
 	}
 	defer c.close()
-	status, err := migrations.Status(ctx, c.db, c.schema)
-	if err != nil {
-		return err
+	// goose's status creates the schema and its version table when they
+	// are missing; a status must change nothing, so without a version table
+	// every migration is pending and goose is not asked.
+	var versioned bool
+	if err := c.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL",
+		ident.Quote(c.schema)+"."+migrations.TableName).Scan(&versioned); err != nil {
+		return fmt.Errorf("read migration status: %w", err)
 	}
 	files := migrationFiles()
-	rows := make([]migrationRow, 0, len(status))
-	for _, s := range status {
-		row := migrationRow{Version: s.Source.Version, File: files[s.Source.Version], Applied: s.State == goose.StateApplied}
-		if row.Applied {
-			row.AppliedAt = timePtr(s.AppliedAt)
+	var rows []migrationRow
+	if versioned {
+		status, err := migrations.Status(ctx, c.db, c.schema)
+		if err != nil {
+			return err
 		}
-		rows = append(rows, row)
+		for _, s := range status {
+			row := migrationRow{Version: s.Source.Version, File: files[s.Source.Version], Applied: s.State == goose.StateApplied}
+			if row.Applied {
+				row.AppliedAt = timePtr(s.AppliedAt)
+			}
+			rows = append(rows, row)
+		}
+	} else {
+		for _, version := range slices.Sorted(maps.Keys(files)) {
+			rows = append(rows, migrationRow{Version: version, File: files[version]})
+		}
 	}
 	if asJSON {
 		return writeJSON(e.stdout, struct {

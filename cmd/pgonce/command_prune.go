@@ -53,7 +53,7 @@ func (e *env) prune(ctx context.Context, dryRun bool, batchSize int, asJSON bool
 		DryRun:    dryRun,
 		BatchSize: batchSize,
 		ProgressFunc: func(r outbox.PruneResult) {
-			progress.printf("pruned %d keys, %d tombstones so far", r.Keys, r.Tombstones)
+			progress.printf("pruned %s, %s so far", plural(r.Keys, "key"), plural(r.Tombstones, "tombstone"))
 		},
 	})
 	progress.done()
@@ -68,12 +68,12 @@ func (e *env) prune(ctx context.Context, dryRun bool, batchSize int, asJSON bool
 		}{c.schema, dryRun, result})
 	}
 	if dryRun {
-		fmt.Fprintf(e.stdout, "dry run: would turn %d keys into tombstones and delete %d tombstones in schema %s\n",
-			result.Keys, result.Tombstones, c.schema)
+		fmt.Fprintf(e.stdout, "dry run: would turn %s into tombstones and delete %s in schema %s\n",
+			plural(result.Keys, "key"), plural(result.Tombstones, "tombstone"), c.schema)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "turned %d keys into tombstones and deleted %d tombstones in schema %s\n",
-		result.Keys, result.Tombstones, c.schema)
+	fmt.Fprintf(e.stdout, "turned %s into tombstones and deleted %s in schema %s\n",
+		plural(result.Keys, "key"), plural(result.Tombstones, "tombstone"), c.schema)
 	return nil
 }
 

@@ -108,11 +108,23 @@ func placeholderRegistry(keyed, atMostOnce []string) (*outbox.Registry, error) {
 	}{{"--keyed", keyed, outbox.IdempotentByKey}, {"--at-most-once", atMostOnce, outbox.AtMostOnce}} {
 		for _, tool := range group.tools {
 			if err := registry.Register(tool, placeholder, group.delivery); err != nil {
-				return nil, usageErrorf("%s: %v", group.flag, err)
+				return nil, registrationUsageError(group.flag, tool, registry, err)
 			}
 		}
 	}
 	return registry, nil
+}
+
+// registrationUsageError says in the CLI's words why flag could not name
+// tool: a tool named twice, or a name that is no tool name.
+func registrationUsageError(flag, tool string, registry *outbox.Registry, err error) error {
+	switch {
+	case registry.Lookup(tool) != nil:
+		return usageErrorf("%s: tool %q is named twice (in --keyed or --at-most-once); name each tool once", flag, tool)
+	case errors.Is(err, outbox.ErrInvalidRegistration):
+		return usageErrorf("%s: %q is not a tool name: a tool name is 1 to 64 lower-case letters, digits and _ . : -, starting with a letter (like refund or email.send)", flag, tool)
+	}
+	return usageErrorf("%s: %v", flag, err)
 }
 
 type reconcileParams struct {
@@ -140,7 +152,7 @@ func (e *env) reconcile(ctx context.Context, p reconcileParams) error {
 	p.config.Logger = e.logger()
 	progress := newProgress(e.stderr)
 	p.config.ProgressFunc = func(so reconcile.Report) {
-		progress.printf("reconciling schema %s: %d rows resolved so far", c.schema, sum(so.Examined))
+		progress.printf("reconciling schema %s: %s resolved so far", c.schema, plural(int64(sum(so.Examined)), "row"))
 	}
 	r, err := reconcile.New(client, p.config)
 	if err != nil {
@@ -159,11 +171,11 @@ func (e *env) reconcile(ctx context.Context, p reconcileParams) error {
 	}
 	var findings []string
 	if skipped := sum(report.SkippedUnregistered); p.failOnSkipped && skipped > 0 {
-		findings = append(findings, fmt.Sprintf("%d expired rows skipped (tools not named with --keyed or --at-most-once)", skipped))
+		findings = append(findings, fmt.Sprintf("%s skipped (tools not named with --keyed or --at-most-once)", plural(int64(skipped), "expired row")))
 	}
 	if p.failOnStale && report.StalePending > 0 {
-		findings = append(findings, fmt.Sprintf("%d pending rows wait for a dispatcher (oldest %s)",
-			report.StalePending, formatDuration(report.OldestStalePending)))
+		findings = append(findings, fmt.Sprintf("%s for a dispatcher (oldest %s)",
+			pluralVerb(int64(report.StalePending), "pending row", "waits", "wait"), formatDuration(report.OldestStalePending)))
 	}
 	if len(findings) > 0 {
 		return attentionError(strings.Join(findings, "; "))
@@ -190,11 +202,20 @@ func sortedKeys[K ~string, V any](m map[K]V) []K {
 
 func printReconcile(e *env, schema string, report reconcile.Report, asJSON bool) error {
 	if asJSON {
+		// The report's own fields, but its one duration in milliseconds, as
+		// every duration the CLI prints as JSON.
 		return writeJSON(e.stdout, struct {
-			Schema string `json:"schema"`
-			reconcile.Report
-			OldestStalePendingMS int64 `json:"oldest_stale_pending_ms"`
-		}{schema, report, report.OldestStalePending.Milliseconds()})
+			Schema               string                               `json:"schema"`
+			Examined             map[string]int                       `json:"examined"`
+			Resolved             map[string]map[reconcile.Outcome]int `json:"resolved"`
+			SkippedUnregistered  map[string]int                       `json:"skipped_unregistered"`
+			StalePending         int                                  `json:"stale_pending"`
+			OldestStalePendingMS int64                                `json:"oldest_stale_pending_ms"`
+			Pruned               outbox.PruneResult                   `json:"pruned"`
+		}{
+			schema, report.Examined, report.Resolved, report.SkippedUnregistered, report.StalePending,
+			report.OldestStalePending.Milliseconds(), report.Pruned,
+		})
 	}
 	fmt.Fprintf(e.stdout, "reconciled schema %s\n", schema)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
@@ -209,18 +230,18 @@ func printReconcile(e *env, schema string, report reconcile.Report, asJSON bool)
 		fmt.Fprintf(tw, "%s:\texamined %d: %s\n", tool, report.Examined[tool], strings.Join(outcomes, ", "))
 	}
 	for _, tool := range sortedKeys(report.SkippedUnregistered) {
-		fmt.Fprintf(tw, "%s:\tskipped %d expired rows (not named with --keyed or --at-most-once; its service's reconciler resolves them)\n",
-			tool, report.SkippedUnregistered[tool])
+		fmt.Fprintf(tw, "%s:\tskipped %s (not named with --keyed or --at-most-once; its service's reconciler resolves them)\n",
+			tool, plural(int64(report.SkippedUnregistered[tool]), "expired row"))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if report.StalePending > 0 {
-		fmt.Fprintf(e.stdout, "stale pending: %d rows due for %s or more; is a dispatcher running?\n",
-			report.StalePending, formatDuration(report.OldestStalePending))
+		fmt.Fprintf(e.stdout, "stale pending: %s due for %s or more; is a dispatcher running?\n",
+			plural(int64(report.StalePending), "row"), formatDuration(report.OldestStalePending))
 	} else {
 		fmt.Fprintln(e.stdout, "stale pending: 0")
 	}
-	fmt.Fprintf(e.stdout, "pruned: %d keys into tombstones, %d tombstones deleted\n", report.Pruned.Keys, report.Pruned.Tombstones)
+	fmt.Fprintf(e.stdout, "pruned: %s into tombstones, %s deleted\n", plural(report.Pruned.Keys, "key"), plural(report.Pruned.Tombstones, "tombstone"))
 	return nil
 }

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/user"
 
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -33,7 +35,7 @@ A key in any other state exits 5 and changes nothing; an unknown key exits 4.`,
 			response := fs.String("response", "", "JSON stored as the response, with --succeeded")
 			failure := fs.String("failure", "", "JSON stored as the failure, with --failed")
 			reason := fs.String("reason", "", "why (required)")
-			by := fs.String("by", os.Getenv("USER"), "who decides")
+			by := fs.String("by", operatorName(), "who decides (default: $USER, else $LOGNAME, else the account running pgonce)")
 			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 1 {
@@ -75,7 +77,7 @@ A key in any other state exits 5 and changes nothing; an unknown key exits 4.`,
 					return usageErrorf("--reason is required: say why, for whoever reads the history")
 				}
 				if *by == "" {
-					return usageErrorf("--by is required when $USER is not set")
+					return usageErrorf("--by is required: neither $USER, $LOGNAME nor the operating system names who runs pgonce")
 				}
 				resolution.Reason, resolution.By = *reason, *by
 				return e.resolve(ctx, key, resolution, *asJSON)
@@ -112,4 +114,17 @@ func (e *env) resolve(ctx context.Context, key outbox.Key, resolution outbox.Res
 	}
 	fmt.Fprintf(e.stdout, "resolved %s: %s by %s; the key is now %s\n", res.Key, resolution.Action, resolution.By, res.State)
 	return nil
+}
+
+// operatorName is who runs the CLI, for --by: $USER, else $LOGNAME (set
+// where $USER is not, as in cron and some containers), else the operating
+// system's account name, else "" (then --by must be given).
+func operatorName() string {
+	if name := cmp.Or(os.Getenv("USER"), os.Getenv("LOGNAME")); name != "" {
+		return name
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return ""
 }

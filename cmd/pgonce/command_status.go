@@ -98,20 +98,21 @@ func (e *env) status(ctx context.Context, asJSON, failOnStuck bool, stuckAfter t
 func stuckReasons(stats outbox.Stats, stuckAfter time.Duration) []string {
 	reasons := []string{}
 	if stats.ExpiredLeases > 0 {
-		reasons = append(reasons, fmt.Sprintf("%d in-flight rows hold an expired lease (a worker crashed or hangs; is a reconciler running?)", stats.ExpiredLeases))
+		reasons = append(reasons, fmt.Sprintf("%s hold an expired lease (a worker crashed or hangs; is a reconciler running?)", plural(stats.ExpiredLeases, "in-flight row")))
 	}
 	if stats.NeedsReview > 0 {
-		reasons = append(reasons, fmt.Sprintf("%d keys need review (pgonce list --state needs_review, pgonce inspect KEY, then pgonce resolve KEY)", stats.NeedsReview))
+		reasons = append(reasons, fmt.Sprintf("%s review (pgonce list --state needs_review, pgonce inspect KEY, then pgonce resolve KEY)", pluralVerb(stats.NeedsReview, "key", "needs", "need")))
 	}
 	if stats.OldestPending > stuckAfter {
 		reasons = append(reasons, fmt.Sprintf("the oldest due pending key has waited %s, more than %s (is a dispatcher running for its tool?)",
-			formatDuration(stats.OldestPending), stuckAfter))
+			formatDuration(stats.OldestPending), formatDuration(stuckAfter)))
 	}
 	return reasons
 }
 
 var statusStates = []outbox.State{
-	outbox.StatePending, outbox.StateInFlight, outbox.StateSucceeded, outbox.StateFailed, outbox.StateNeedsReview,
+	outbox.StatePending, outbox.StateInFlight, outbox.StateSucceeded, outbox.StateFailed, outbox.StateCancelled, outbox.StateNeedsReview,
+	outbox.StateExpired,
 }
 
 func printStatus(e *env, report statusReport, stats outbox.Stats) error {

@@ -32,7 +32,14 @@ func TestUsage(t *testing.T) {
 				res := pgonce(t, args...)
 				require.Equal(t, exitOK, res.code, "%v: %s", args, res.stderr)
 				require.Contains(t, res.stdout, "Usage: pgonce "+c.name)
-				require.Contains(t, res.stdout, "-schema", "global flags are listed too")
+				if !c.noDatabase {
+					require.Contains(t, res.stdout, "-database-url", "global flags are listed too")
+				}
+				if c.noSchema {
+					require.NotContains(t, res.stdout, "-schema", "only the flags the command uses are listed")
+				} else {
+					require.Contains(t, res.stdout, "-schema", "global flags are listed too")
+				}
 			}
 		}
 	})
@@ -206,8 +213,9 @@ func TestStatus(t *testing.T) {
 
 		res = pgonce(t, "--schema", f.schema, "status")
 		require.Equal(t, exitOK, res.code, res.stderr, "stuck without --fail-on-stuck still exits 0")
-		require.Regexp(t, `refund\s+0\s+0\s+2\s+0\s+0\s+2`, res.stdout)
-		require.Contains(t, res.stdout, "1 keys need review")
+		require.Regexp(t, `FAILED\s+CANCELLED\s+NEEDS_REVIEW\s+EXPIRED\s+TOTAL`, res.stdout)
+		require.Regexp(t, `refund\s+0\s+0\s+2\s+0\s+0\s+0\s+0\s+2`, res.stdout)
+		require.Contains(t, res.stdout, "1 key needs review")
 	})
 
 	t.Run("FailOnStuck", func(t *testing.T) {
@@ -404,7 +412,7 @@ func TestPrune(t *testing.T) {
 
 	res = pgonce(t, "--schema", f.schema, "prune", "--batch-size", "1")
 	require.Equal(t, exitOK, res.code, res.stderr)
-	require.Contains(t, res.stdout, "turned 1 keys into tombstones and deleted 0 tombstones")
+	require.Contains(t, res.stdout, "turned 1 key into tombstones and deleted 0 tombstones")
 	require.Empty(t, res.stderr, "no progress when stderr is not a terminal")
 	_, err = f.client.Get(t.Context(), expired)
 	require.ErrorIs(t, err, outbox.ErrExpired)
@@ -445,8 +453,8 @@ func TestReconcile(t *testing.T) {
 
 		res = pgonce(t, "--schema", f.schema, "reconcile", "--once", "--fail-on-skipped")
 		require.Equal(t, exitAttention, res.code, res.stderr)
-		require.Regexp(t, `provision:\s+skipped 1 expired rows`, res.stdout)
-		require.Contains(t, res.stderr, "1 expired rows skipped")
+		require.Regexp(t, `provision:\s+skipped 1 expired row `, res.stdout)
+		require.Contains(t, res.stderr, "1 expired row skipped")
 	})
 
 	t.Run("TextReport", func(t *testing.T) {
@@ -466,7 +474,7 @@ func TestReconcile(t *testing.T) {
 		f.pending(t, "refund")
 		res := pgonce(t, "--schema", f.schema, "reconcile", "--once", "--fail-on-stale")
 		require.Equal(t, exitAttention, res.code, res.stderr)
-		require.Contains(t, res.stdout, "stale pending: 1 rows")
+		require.Contains(t, res.stdout, "stale pending: 1 row due")
 		res = pgonce(t, "--schema", f.schema, "reconcile", "--once", "--fail-on-stale", "--stale-pending", "2h")
 		require.Equal(t, exitOK, res.code, res.stderr)
 	})
@@ -479,8 +487,8 @@ func TestReconcile(t *testing.T) {
 			want string
 		}{
 			{[]string{}, "pass --once"},
-			{[]string{"--once", "--keyed", "Not A Tool"}, "--keyed: invalid tool registration"},
-			{[]string{"--once", "--keyed", "refund", "--at-most-once", "refund"}, "already registered"},
+			{[]string{"--once", "--keyed", "Not A Tool"}, `--keyed: "Not A Tool" is not a tool name`},
+			{[]string{"--once", "--keyed", "refund", "--at-most-once", "refund"}, `--at-most-once: tool "refund" is named twice`},
 			{[]string{"--once", "--grace", "0s"}, "--grace must be positive"},
 		} {
 			res := pgonce(t, append([]string{"--schema", f.schema, "reconcile"}, tt.args...)...)

@@ -42,13 +42,21 @@ type env struct {
 // globalFlags defines the connection flags on fs. Defined on the global
 // flag set and again on each command's, they write the same fields, so they
 // may be given before or after the command name.
-func (e *env) globalFlags(fs *flag.FlagSet) {
+func (e *env) globalFlags(fs *flag.FlagSet) { e.commandGlobalFlags(fs, true, true) }
+
+// commandGlobalFlags defines the global flags a command uses on its flag
+// set: --database-url with database, --schema with schema.
+func (e *env) commandGlobalFlags(fs *flag.FlagSet, database, schema bool) {
 	if e.schema == "" {
 		e.schema = schemaDefault
 	}
-	fs.StringVar(&e.databaseURL, "database-url", e.databaseURL,
-		"PostgreSQL URL; else $PGONCE_DATABASE_URL, else $DATABASE_URL, else "+databaseURLDefault)
-	fs.StringVar(&e.schema, "schema", e.schema, "schema that holds pgonce's tables")
+	if database {
+		fs.StringVar(&e.databaseURL, "database-url", e.databaseURL,
+			"PostgreSQL URL; else $PGONCE_DATABASE_URL, else $DATABASE_URL, else "+databaseURLDefault)
+	}
+	if schema {
+		fs.StringVar(&e.schema, "schema", e.schema, "schema that holds pgonce's tables")
+	}
 }
 
 // resolveURL returns the URL to connect to and where it came from.
@@ -196,6 +204,28 @@ type unreachableError struct {
 }
 
 func (e *unreachableError) Error() string {
+	// A server that answered and refused needs another fix than one that
+	// never answered.
+	var pgErr *pgconn.PgError
+	if errors.As(e.err, &pgErr) {
+		switch {
+		case pgErr.Code == "3D000": // invalid_catalog_name
+			return fmt.Sprintf("PostgreSQL at %s (from %s) has no such database: %s\n"+
+				"Create it (createdb, or CREATE DATABASE) or point --database-url, PGONCE_DATABASE_URL or DATABASE_URL at one that exists.",
+				e.url, e.source, pgErr.Message)
+		case pgErr.Code == "28000", pgErr.Code == "28P01": // invalid_authorization_specification, invalid_password
+			return fmt.Sprintf("PostgreSQL at %s (from %s) refused the login: %s\n"+
+				"Check the user and password in the URL (the role must exist and be allowed by pg_hba.conf).",
+				e.url, e.source, pgErr.Message)
+		case pgErr.Code == "53300": // too_many_connections
+			return fmt.Sprintf("PostgreSQL at %s (from %s) has no connection to spare: %s\nTry again, or raise max_connections.",
+				e.url, e.source, pgErr.Message)
+		case strings.HasPrefix(pgErr.Code, "57P"): // shutting down, starting up
+			return fmt.Sprintf("PostgreSQL at %s (from %s) is not accepting connections yet: %s\nTry again once it has started.",
+				e.url, e.source, pgErr.Message)
+		}
+		return fmt.Sprintf("PostgreSQL at %s (from %s) refused the connection: %v", e.url, e.source, e.err)
+	}
 	return fmt.Sprintf("cannot reach PostgreSQL at %s (from %s): %v\n"+
 		"Start a server (for example: docker run -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:16)\n"+
 		"or point --database-url, PGONCE_DATABASE_URL or DATABASE_URL at one.",
@@ -241,6 +271,8 @@ func classify(err error, schema string) (int, string) {
 		return exitUsage, err.Error()
 	case errors.Is(err, outbox.ErrNotNeedsReview), errors.Is(err, outbox.ErrExpired):
 		return exitRefused, err.Error()
+	case errors.Is(err, outbox.ErrNotMigrated):
+		return exitFailure, err.Error()
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
 		// undefined_table, invalid_schema_name: the schema went away or was
 		// never migrated after the check at connect.

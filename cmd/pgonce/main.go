@@ -61,6 +61,10 @@ type command struct {
 	summary  string // one line for the command list
 	// help is the text above the flags in `pgonce NAME --help`.
 	help string
+	// noSchema and noDatabase leave out the global flags --schema and
+	// --database-url from the command's own, for a command that uses
+	// neither, so that its --help lists only flags it reads.
+	noSchema, noDatabase bool
 	// flags adds the command's own flags to fs and returns the function
 	// that runs the command with its positional arguments.
 	flags func(fs *flag.FlagSet, e *env) func(ctx context.Context, args []string) error
@@ -78,6 +82,7 @@ func commands() []*command {
 		pruneCommand(),
 		reconcileCommand(),
 		demoCommand(),
+		versionCommand(),
 	}
 }
 
@@ -116,8 +121,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	fs := flag.NewFlagSet("pgonce "+cmd.name, flag.ContinueOnError)
 	runFunc := cmd.flags(fs, e)
-	// The global flags are accepted after the command name too.
-	e.globalFlags(fs)
+	// The global flags the command uses are accepted after its name too.
+	e.commandGlobalFlags(fs, !cmd.noDatabase, !cmd.noSchema)
 	positional, err := parseFlags(fs, rest, true)
 	if errors.Is(err, flag.ErrHelp) {
 		printCommandUsage(stdout, cmd, fs)

@@ -89,3 +89,20 @@ func formatDuration(d time.Duration) string {
 	}
 	return d.Round(time.Second).String()
 }
+
+// plural counts n of noun, in English: "1 key", "2 keys".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// pluralVerb is plural followed by the verb that agrees with it: "1 key
+// needs", "2 keys need".
+func pluralVerb(n int64, noun, singular, pluralForm string) string {
+	if n == 1 {
+		return plural(n, noun) + " " + singular
+	}
+	return plural(n, noun) + " " + pluralForm
+}

@@ -87,6 +87,13 @@ type PgonceKey struct {
 	LastError        *string
 }
 
+type PgonceLeader struct {
+	Name      string
+	LeaderID  string
+	ElectedAt time.Time
+	ExpiresAt time.Time
+}
+
 type PgonceResolution struct {
 	ID         int64
 	ResolvedAt time.Time

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 )
@@ -23,7 +24,14 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 			return pool.AcquireFunc(ctx, func(conn *pgxpool.Conn) error { return f(conn.Conn()) })
 		},
 		func() int { return int(pool.Stat().MaxConns()) },
-		func(tpl *template) Executor { return newPgxExecutor(pool, tpl) },
+		func(ctx context.Context) (int64, int64, error) {
+			// Closing this *sql.DB releases its connections to pool and
+			// leaves pool open.
+			db := stdlib.OpenDBFromPool(pool)
+			defer func() { _ = db.Close() }()
+			return versionOf(schema, db)(ctx)
+		},
+		func(s *Store) Executor { return newPgxExecutor(pool, s) },
 	)
 	if err != nil {
 		return nil, err
@@ -32,24 +40,25 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 }
 
 // UnwrapExecutor returns an executor that runs in tx.
-func (d *PgxDriver) UnwrapExecutor(tx pgx.Tx) Executor { return newPgxExecutor(tx, d.store.template) }
+func (d *PgxDriver) UnwrapExecutor(tx pgx.Tx) Executor { return newPgxExecutor(tx, d.store) }
 
 // Store returns the transaction-free operations.
 func (d *PgxDriver) Store() *Store { return d.store }
 
 type pgxExecutor struct {
-	db dbpgx.DBTX
-	q  *dbpgx.Queries
+	db    dbpgx.DBTX
+	q     *dbpgx.Queries
+	store *Store
 }
 
-func newPgxExecutor(db dbpgx.DBTX, tpl *template) *pgxExecutor {
-	return &pgxExecutor{db: pgxTemplated{db: db, tpl: tpl}, q: dbpgx.New()}
+func newPgxExecutor(db dbpgx.DBTX, s *Store) *pgxExecutor {
+	return &pgxExecutor{db: pgxTemplated{db: db, tpl: s.template}, q: dbpgx.New(), store: s}
 }
 
 func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey, error) {
 	row, err := e.q.KeyInsert(ctx, e.db, keyInsertParams(key))
 	if err != nil {
-		return nil, InterpretErrorContext(ctx, err)
+		return nil, e.store.interpretError(ctx, err)
 	}
 	return insertedKey(row), nil
 }
@@ -57,7 +66,7 @@ func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 func (e *pgxExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
 	row, err := e.q.KeyGet(ctx, e.db, &dbpgx.KeyGetParams{Key: keyDigest(key), Now: now})
 	if err != nil {
-		return nil, InterpretErrorContext(ctx, err)
+		return nil, e.store.interpretError(ctx, err)
 	}
 	return keyRowFromGet(row), nil
 }
@@ -65,7 +74,7 @@ func (e *pgxExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*
 func (e *pgxExecutor) KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error) {
 	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbpgx.KeyGetByKeyOrScopeParams{Key: keyDigest(key), Scope: hexDigest(scope), Now: now})
 	if err != nil {
-		return nil, InterpretErrorContext(ctx, err)
+		return nil, e.store.interpretError(ctx, err)
 	}
 	return keyRowFromGet((*dbpgx.KeyGetRow)(row)), nil
 }

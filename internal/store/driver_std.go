@@ -46,7 +46,8 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 		withConn,
 		// Read on every use: SetMaxOpenConns may come after New.
 		func() int { return db.Stats().MaxOpenConnections },
-		func(tpl *template) Executor { return newStdExecutor(db, tpl) },
+		versionOf(schema, db),
+		func(s *Store) Executor { return newStdExecutor(db, s) },
 	)
 	if err != nil {
 		return nil, err
@@ -55,7 +56,7 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 }
 
 // UnwrapExecutor returns an executor that runs in tx.
-func (d *StdDriver) UnwrapExecutor(tx *sql.Tx) Executor { return newStdExecutor(tx, d.store.template) }
+func (d *StdDriver) UnwrapExecutor(tx *sql.Tx) Executor { return newStdExecutor(tx, d.store) }
 
 // Store returns the transaction-free operations.
 func (d *StdDriver) Store() *Store { return d.store }
@@ -83,18 +84,19 @@ func (s stdTemplated) QueryRowContext(ctx context.Context, query string, args ..
 }
 
 type stdExecutor struct {
-	db dbstd.DBTX
-	q  *dbstd.Queries
+	db    dbstd.DBTX
+	q     *dbstd.Queries
+	store *Store
 }
 
-func newStdExecutor(db dbstd.DBTX, tpl *template) *stdExecutor {
-	return &stdExecutor{db: stdTemplated{db: db, tpl: tpl}, q: dbstd.New()}
+func newStdExecutor(db dbstd.DBTX, s *Store) *stdExecutor {
+	return &stdExecutor{db: stdTemplated{db: db, tpl: s.template}, q: dbstd.New(), store: s}
 }
 
 func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey, error) {
 	row, err := e.q.KeyInsert(ctx, e.db, (*dbstd.KeyInsertParams)(keyInsertParams(key)))
 	if err != nil {
-		return nil, InterpretErrorContext(ctx, err)
+		return nil, e.store.interpretError(ctx, err)
 	}
 	return insertedKey((*dbpgx.KeyInsertRow)(row)), nil
 }
@@ -102,7 +104,7 @@ func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 func (e *stdExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
 	row, err := e.q.KeyGet(ctx, e.db, &dbstd.KeyGetParams{Key: keyDigest(key), Now: now})
 	if err != nil {
-		return nil, InterpretErrorContext(ctx, err)
+		return nil, e.store.interpretError(ctx, err)
 	}
 	return keyRowFromGet((*dbpgx.KeyGetRow)(row)), nil
 }
@@ -110,7 +112,7 @@ func (e *stdExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*
 func (e *stdExecutor) KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error) {
 	row, err := e.q.KeyGetByKeyOrScope(ctx, e.db, &dbstd.KeyGetByKeyOrScopeParams{Key: keyDigest(key), Scope: hexDigest(scope), Now: now})
 	if err != nil {
-		return nil, InterpretErrorContext(ctx, err)
+		return nil, e.store.interpretError(ctx, err)
 	}
 	return keyRowFromGet((*dbpgx.KeyGetRow)(row)), nil
 }

@@ -100,7 +100,10 @@ type Store struct {
 	// maxConnsFunc returns the most connections the pool opens at once, or
 	// 0 for no limit.
 	maxConnsFunc func() int
-	executor     Executor
+	// versionFunc reads the migration version applied to the schema and the
+	// one this build needs, writing nothing.
+	versionFunc func(ctx context.Context) (applied, needed int64, err error)
+	executor    Executor
 
 	mu sync.Mutex
 	// listeners counts the connections reserved by [Store.ReserveListener].
@@ -108,13 +111,14 @@ type Store struct {
 }
 
 func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) error) error,
-	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int, executor func(*template) Executor,
+	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int,
+	versionFunc func(context.Context) (int64, int64, error), executor func(*Store) Executor,
 ) (*Store, error) {
 	if err := ident.ValidateSchema(schema); err != nil {
 		return nil, err
 	}
 	tpl := newTemplate(schema)
-	return &Store{
+	s := &Store{
 		Schema:       schema,
 		WorkChannel:  ident.WorkChannel(schema),
 		DoneChannel:  ident.DoneChannel(schema),
@@ -123,8 +127,10 @@ func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) erro
 		pgxFunc:      pgxFunc,
 		connFunc:     connFunc,
 		maxConnsFunc: maxConnsFunc,
-		executor:     executor(tpl),
-	}, nil
+		versionFunc:  versionFunc,
+	}
+	s.executor = executor(s)
+	return s, nil
 }
 
 // ReserveListener reserves a pool connection for a listener, which holds
@@ -157,6 +163,10 @@ func (s *Store) ReserveListener() (release func(), maxConns int, ok bool) {
 	}, maxConns, true
 }
 
+// MaxConns returns the most connections the store's pool opens at once, or
+// 0 for no limit.
+func (s *Store) MaxConns() int { return s.maxConnsFunc() }
+
 // Executor returns an executor that runs each statement on its own in the
 // pool.
 func (s *Store) Executor() Executor { return s.executor }
@@ -168,7 +178,7 @@ func (s *Store) run(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX)
 	err := s.pgxFunc(ctx, func(db dbpgx.DBTX) error {
 		return f(s.queries, pgxTemplated{db: db, tpl: s.template})
 	})
-	return InterpretErrorContext(ctx, err)
+	return s.interpretError(ctx, err)
 }
 
 // Listen holds one connection, listens on channels and passes each

@@ -1,0 +1,87 @@
+package dispatcher
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pgonce/pgonce/reconcile"
+)
+
+// leaderTTLIntervals is how many maintenance intervals a leadership lasts
+// without renewal: a renewal that fails once (a slow statement, a dropped
+// connection) does not hand leadership over.
+const leaderTTLIntervals = 3
+
+// maintenanceLeadership names the leadership of the dispatchers that serve
+// tools: dispatchers of the same tools elect one leader among themselves,
+// and dispatchers of other tools in the same schema elect their own, so
+// every served tool's expired leases are reconciled.
+func maintenanceLeadership(tools []string) string {
+	sorted := slices.Sorted(slices.Values(tools))
+	sum := sha256.Sum256([]byte(strings.Join(sorted, "\x00")))
+	return "maintenance:" + hex.EncodeToString(sum[:16])
+}
+
+// maintain runs maintenance while this dispatcher is elected, until ctx is
+// done: every MaintenanceInterval it asks to be elected (or renews its
+// leadership) and, while it leads, runs the reconciler once. It resigns
+// when ctx is done, so that another dispatcher takes over at its next
+// attempt.
+func (d *Dispatcher[TTx]) maintain(ctx context.Context, reconciler *reconcile.Reconciler[TTx]) {
+	tools := d.registry.Names()
+	if len(tools) == 0 {
+		return
+	}
+	name := maintenanceLeadership(tools)
+	// The worker id carries a random suffix: two dispatchers of one process
+	// are two candidates.
+	id := d.workerID
+	interval := d.config.MaintenanceInterval
+	ttl := leaderTTLIntervals * interval
+	leading := false
+	defer func() {
+		if !leading {
+			return
+		}
+		resignCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.client.Config().StatementTimeout)
+		defer cancel()
+		if _, err := d.store.LeaderResign(resignCtx, name, id); err != nil {
+			d.logger.WarnContext(resignCtx, "pgonce: resigning maintenance leadership failed; another dispatcher takes over when it expires",
+				"error", err, "expires_in", ttl)
+		}
+	}()
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		elected, err := d.elect(ctx, name, id, ttl)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			d.logger.ErrorContext(ctx, "pgonce: maintenance election failed", "error", err)
+		case elected && !leading:
+			d.logger.InfoContext(ctx, "pgonce: elected to run maintenance (reconcile and prune)", "leader_id", id)
+		case !elected && leading && ctx.Err() == nil:
+			d.logger.InfoContext(ctx, "pgonce: maintenance leadership lost", "leader_id", id)
+		}
+		leading = elected
+		if leading {
+			if _, err := reconciler.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				d.logger.ErrorContext(ctx, "pgonce: maintenance reconcile failed", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func (d *Dispatcher[TTx]) elect(ctx context.Context, name, id string, ttl time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
+	defer cancel()
+	return d.store.LeaderElect(ctx, name, id, ttl, nil)
+}
