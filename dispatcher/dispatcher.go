@@ -124,7 +124,9 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 
 	// Provider calls outlive ctx by up to ShutdownTimeout; hardStop ends
 	// them after that.
-	callCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	// Provider calls log (a panic, say) to the dispatcher's logger, as its
+	// records do.
+	callCtx, hardStop := context.WithCancel(attempt.WithLogger(context.WithoutCancel(ctx), d.logger))
 	defer hardStop()
 
 	outcomes := make(chan pendingOutcome, d.config.Concurrency)

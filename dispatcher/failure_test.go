@@ -141,10 +141,14 @@ func testDispatcherLogs[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	bundle := setup(t, driver)
 	clientLogger, clientLogs := pgoncetest.CaptureLogs()
 	client := driver.Client(t, outbox.Config{Schema: bundle.schema, Registry: bundle.registry, Logger: clientLogger})
-	keys := bundle.submitAll(t, client, []outbox.Call{call("refund", 1), call("refund", 2), call("email", 3), call("refund", 4)})
-	gaveUp, permanent, review, succeeded := keys[0], keys[1], keys[2], keys[3]
+	keys := bundle.submitAll(t, client, []outbox.Call{call("refund", 1), call("refund", 2), call("email", 3), call("refund", 4), call("refund", 5)})
+	gaveUp, permanent, review, succeeded, panicked := keys[0], keys[1], keys[2], keys[3], keys[4]
 	bundle.ledger.actFunc = func(req outbox.Request) (bool, error) {
 		switch req.Key {
+		case panicked:
+			if req.Attempt == 1 {
+				panic("provider bug")
+			}
 		case gaveUp:
 			return false, errors.New("503 from upstream")
 		case permanent:
@@ -189,8 +193,17 @@ func testDispatcherLogs[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	require.Equal(t, "refund", retries[0].Attrs["tool"])
 	require.Equal(t, "1", retries[0].Attrs["attempt"])
 
+	// A panic is logged, to the dispatcher's logger too; the retry by key
+	// succeeds.
+	panicLog := func(r pgoncetest.LogRecord) bool {
+		return r.Message == "pgonce: provider panicked" && r.Attrs["key"] == string(panicked)
+	}
+	require.Equal(t, slog.LevelError, logs.Await(t, panicLog).Level)
+	awaitState(t, client, panicked, outbox.StateSucceeded)
+	require.Empty(t, clientLogs.Matching(panicLog), "the dispatcher's provider calls log to its own logger")
+
 	for _, key := range keys {
-		require.Len(t, logs.Matching(warning(key)), map[bool]int{true: 0, false: 1}[key == succeeded], "key %s", key)
+		require.Len(t, logs.Matching(warning(key)), map[bool]int{true: 0, false: 1}[key == succeeded || key == panicked], "key %s", key)
 		require.Empty(t, clientLogs.Matching(warning(key)), "the dispatcher's logs go to its own logger")
 	}
 }
