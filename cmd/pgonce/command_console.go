@@ -15,7 +15,7 @@ import (
 
 // consoleTokenEnv names the variable that holds the console's token when
 // --token is not given.
-const consoleTokenEnv = "PGONCE_CONSOLE_TOKEN"
+const consoleTokenEnv = "PGONCE_CONSOLE_TOKEN" //nolint:gosec // the name of a variable, not a credential
 
 func consoleCommand() *command {
 	return &command{

@@ -84,7 +84,7 @@ var staticFS embed.FS
 
 const (
 	cookieCSRF  = "pgonce_console_csrf"
-	cookieToken = "pgonce_console_token"
+	cookieToken = "pgonce_console_token" //nolint:gosec // a cookie name, not a credential
 	// csp allows nothing but the console's own stylesheet and images and
 	// forms posted back to it: no script of any origin, inline or not.
 	csp = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -174,12 +174,16 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet {
 		if equal(q, h.config.Token) {
-			http.SetCookie(w, &http.Cookie{Name: cookieToken, Value: q, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-			u := *r.URL
-			query := u.Query()
+			http.SetCookie(w, sessionCookie(r, cookieToken, q))
+			// Back to the same page without the token in its address (and
+			// so in the history). The target is a path of this console.
+			query := r.URL.Query()
 			query.Del("token")
-			u.RawQuery = query.Encode()
-			http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+			target := "/" + strings.TrimLeft(r.URL.Path, "/")
+			if len(query) > 0 {
+				target += "?" + query.Encode()
+			}
+			http.Redirect(w, r, target, http.StatusSeeOther) //nolint:gosec // target is a local path: leading slashes are trimmed to one
 			return false
 		}
 	}
@@ -196,8 +200,19 @@ func (h *Handler) ensureCSRFCookie(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	secret := newSecret()
-	http.SetCookie(w, &http.Cookie{Name: cookieCSRF, Value: secret, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	r.AddCookie(&http.Cookie{Name: cookieCSRF, Value: secret})
+	cookie := sessionCookie(r, cookieCSRF, secret)
+	http.SetCookie(w, cookie)
+	r.AddCookie(cookie)
+}
+
+// sessionCookie is an HttpOnly, SameSite=Strict cookie for the whole
+// console, Secure when the request came over TLS (the console itself
+// serves plain HTTP, on loopback unless a token is set).
+func sessionCookie(r *http.Request, name, value string) *http.Cookie {
+	return &http.Cookie{ //nolint:gosec // Secure over TLS only: the console serves plain HTTP
+		Name: name, Value: value, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+	}
 }
 
 func newSecret() string {

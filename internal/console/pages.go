@@ -21,6 +21,10 @@ import (
 // page shows; the rest is behind the raw link.
 const displayMax = 64 << 10
 
+// pageSize is how many keys a page of the keys list shows, unless the
+// query's limit says otherwise.
+const pageSize = 50
+
 // prettyMax is the largest body pretty-printed beside the verbatim one.
 const prettyMax = 256 << 10
 
@@ -152,6 +156,7 @@ type keysFilter struct {
 	RunID         string
 	CreatedAfter  string
 	CreatedBefore string
+	Limit         string
 }
 
 // query returns the filter as a URL query, for the next page's link.
@@ -162,7 +167,7 @@ func (f keysFilter) query(cursor string) string {
 	}
 	for name, value := range map[string]string{
 		"tool": f.Tool, "tenant": f.Tenant, "run": f.RunID,
-		"after": f.CreatedAfter, "before": f.CreatedBefore, "cursor": cursor,
+		"after": f.CreatedAfter, "before": f.CreatedBefore, "cursor": cursor, "limit": f.Limit,
 	} {
 		if value != "" {
 			v.Set(name, value)
@@ -197,9 +202,16 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 	}
 	params := outbox.ListParams{
 		States: filter.States, Tool: filter.Tool, Tenant: filter.Tenant, RunID: filter.RunID,
-		Cursor: q.Get("cursor"), Limit: 50,
+		Cursor: q.Get("cursor"), Limit: pageSize,
 	}
 	var err error
+	if l := q.Get("limit"); l != "" {
+		if params.Limit, err = strconv.Atoi(l); err != nil {
+			h.refuse(w, r, http.StatusBadRequest, "limit: want a number of keys per page")
+			return
+		}
+		filter.Limit = l
+	}
 	if params.CreatedAfter, err = parseTime("after", filter.CreatedAfter); err != nil {
 		h.refuse(w, r, http.StatusBadRequest, err.Error())
 		return
@@ -295,20 +307,18 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 		meta = append(meta, metaEntry{name, value})
 	}
 	slices.SortFunc(meta, func(a, b metaEntry) int { return strings.Compare(a.Name, b.Name) })
-	var observation bytes.Buffer
-	_ = json.Indent(&observation, in.Observation().JSON(), "", "  ")
 	h.render(w, r, http.StatusOK, "key", "Key "+string(in.Key), struct {
 		In          outbox.Inspection
 		Args        *body
 		Response    *body
 		Failure     *body
 		Metadata    []metaEntry
-		Observation string
+		Observation *body
 		Actions     []string
 	}{
 		In: in, Args: newBody(in.Key, "args", in.Args), Response: newBody(in.Key, "response", in.Response),
 		Failure: newBody(in.Key, "failure", in.Failure), Metadata: meta,
-		Observation: strings.ToValidUTF8(observation.String(), "\uFFFD"), Actions: actionsFor(in.State),
+		Observation: newBody(in.Key, "observation", in.Observation().JSON()), Actions: actionsFor(in.State),
 	})
 }
 
@@ -326,8 +336,10 @@ func (h *Handler) raw(w http.ResponseWriter, r *http.Request) {
 		data = in.Response
 	case "failure":
 		data = in.Failure
+	case "observation":
+		data = in.Observation().JSON()
 	default:
-		h.refuse(w, r, http.StatusNotFound, "no such part: want args, response or failure")
+		h.refuse(w, r, http.StatusNotFound, "no such part: want args, response, failure or observation")
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
