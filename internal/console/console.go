@@ -47,8 +47,15 @@ type Config struct {
 	// RefreshSeconds is how often the overview reloads itself. Defaults to
 	// 10; -1 disables it.
 	RefreshSeconds int
+	// StatsInterval is the least time between two reads of
+	// [outbox.Client.Stats], whose per-tool counts read the key table:
+	// however many browsers show the overview, the table is counted at most
+	// once an interval, and the overview says when. Defaults to 15s.
+	StatsInterval time.Duration
 	// Logger receives errors the pages show. Defaults to slog.Default().
 	Logger *slog.Logger
+	// NowFunc returns the time; for tests. Defaults to time.Now.
+	NowFunc func() time.Time
 }
 
 // ErrTokenRequired is returned by [CheckListen] for an address that is
@@ -98,6 +105,7 @@ type Handler struct {
 	mux      *http.ServeMux
 	protect  *http.CrossOriginProtection
 	tokenSet bool
+	stats    statsCache
 }
 
 // New returns the console over ops.
@@ -110,6 +118,12 @@ func New(ops Operator, config Config) (*Handler, error) {
 	}
 	if config.Logger == nil {
 		config.Logger = slog.Default()
+	}
+	if config.StatsInterval == 0 {
+		config.StatsInterval = 15 * time.Second
+	}
+	if config.NowFunc == nil {
+		config.NowFunc = time.Now
 	}
 	h := &Handler{ops: ops, config: config, mux: http.NewServeMux(), protect: http.NewCrossOriginProtection(), tokenSet: config.Token != ""}
 	if err := h.parseTemplates(); err != nil {

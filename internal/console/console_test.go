@@ -246,6 +246,7 @@ func testPages[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Contains(t, page, `{&#34;amount&#34;:&#34;42.00&#34;,&#34;n&#34;:1,&#34;order&#34;:8842}`, "canonical arguments verbatim")
 		require.Contains(t, page, "{\n  &#34;amount&#34;: &#34;42.00&#34;,", "and pretty-printed")
 		require.Contains(t, page, "<dt>ticket</dt><dd>OPS-7</dd>", "metadata")
+		require.Contains(t, page, "<dt>delivery</dt><dd>at most once</dd>")
 		require.Contains(t, page, "timeout after 30s")
 		require.Contains(t, page, `id="observation-pretty">{`+"\n"+`  &#34;status&#34;: &#34;needs_review&#34;`)
 		require.Contains(t, page, `id="action-resolve" href="/keys/`+string(key)+`/resolve"`)
@@ -354,6 +355,7 @@ func testActions[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		status, page := b.get(t, "/keys/"+string(key))
 		require.Equal(t, http.StatusOK, status)
 		require.Contains(t, page, `id="action-cancel"`)
+		require.Contains(t, page, "<dt>due at</dt>", "a pending key shows its queue entry")
 		csrf := b.confirm(t, key, "cancel")
 		status, page = b.send(t, http.MethodPost, "/keys/"+string(key)+"/cancel", url.Values{
 			"csrf": {csrf}, "by": {"ana"}, "reason": {"customer withdrew"},

@@ -54,6 +54,7 @@ func (h *Handler) parseTemplates() error {
 		"ago":  ago,
 		"time": func(t time.Time) string { return formatTime(t) },
 		"join": func(ss []string) string { return strings.Join(ss, ", ") },
+		"delivery": deliveryName,
 	}
 	h.pages = make(map[string]*template.Template)
 	for _, name := range []string{"overview", "keys", "key", "confirm", "result", "error"} {
@@ -64,6 +65,18 @@ func (h *Handler) parseTemplates() error {
 		h.pages[name] = t
 	}
 	return nil
+}
+
+func deliveryName(d outbox.Delivery) string {
+	switch d {
+	case outbox.IdempotentByKey:
+		return "idempotent by key"
+	case outbox.LookupByNaturalID:
+		return "lookup by natural id"
+	case outbox.AtMostOnce:
+		return "at most once"
+	}
+	return strconv.Itoa(int(d))
 }
 
 func formatTime(t time.Time) string {
@@ -119,16 +132,18 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 type toolRow struct {
-	Tool   string
-	Counts []int64
+	Tool      string
+	Counts    []int64
+	PerMinute string
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
-	stats, err := h.ops.Stats(r.Context())
+	snap, err := h.readStats(r.Context())
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	stats := snap.Stats
 	tools := make([]string, 0, len(stats.Keys))
 	for tool := range stats.Keys {
 		tools = append(tools, tool)
@@ -136,7 +151,10 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	sort.Strings(tools)
 	rows := make([]toolRow, 0, len(tools))
 	for _, tool := range tools {
-		row := toolRow{Tool: tool}
+		row := toolRow{Tool: tool, PerMinute: "—"}
+		if rate, ok := snap.PerMinute[tool]; ok {
+			row.PerMinute = strconv.FormatFloat(rate, 'f', 1, 64)
+		}
 		for _, state := range overviewStates {
 			row.Counts = append(row.Counts, stats.Keys[tool][state])
 		}
@@ -146,7 +164,8 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		States []outbox.State
 		Rows   []toolRow
 		Stats  outbox.Stats
-	}{overviewStates, rows, stats})
+		At     time.Time
+	}{overviewStates, rows, stats, snap.At})
 }
 
 type keysFilter struct {
