@@ -51,9 +51,9 @@ type page struct {
 
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
-		"ago":  ago,
-		"time": func(t time.Time) string { return formatTime(t) },
-		"join": func(ss []string) string { return strings.Join(ss, ", ") },
+		"ago":      ago,
+		"time":     func(t time.Time) string { return formatTime(t) },
+		"join":     func(ss []string) string { return strings.Join(ss, ", ") },
 		"delivery": deliveryName,
 	}
 	h.pages = make(map[string]*template.Template)
