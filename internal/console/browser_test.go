@@ -306,7 +306,12 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	require.Contains(t, browser.text(t, "#tools"), "email")
 	browser.screenshot(t, "console-overview.png")
 
-	browser.clickAndLoad(t, `a[href="/keys?state=needs_review"]`)
+	browser.clickAndLoad(t, `nav a[href="/keys"]`)
+	browser.eval(t, `(() => { document.querySelector('input[name=state][value=needs_review]').checked = true; return true })()`, nil)
+	browser.clickAndLoad(t, "#apply")
+	var location string
+	browser.eval(t, `location.pathname + location.search`, &location)
+	require.Equal(t, "/keys?state=needs_review&tool=&tenant=&run=&after=&before=", location)
 	list := browser.text(t, "#keys")
 	require.Contains(t, list, string(review))
 	require.Contains(t, list, "needs_review")
