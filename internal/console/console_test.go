@@ -29,6 +29,7 @@ import (
 // testBundle is a console over a fresh schema, served on loopback, and a
 // browser-like client with a cookie jar.
 type testBundle[TTx any] struct {
+	schema  string
 	client  *outbox.Client[TTx]
 	server  *httptest.Server
 	browser *http.Client
@@ -54,7 +55,7 @@ func setup[TTx any](t *testing.T, driver drivertest.Driver[TTx], config console.
 	require.NoError(t, err)
 	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	t.Cleanup(browser.CloseIdleConnections)
-	return &testBundle[TTx]{client: client, server: server, browser: browser}
+	return &testBundle[TTx]{schema: schema, client: client, server: server, browser: browser}
 }
 
 func (b *testBundle[TTx]) call(tool string) outbox.Call {
@@ -251,6 +252,26 @@ func testPages[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Contains(t, page, `id="observation-pretty">{`+"\n"+`  &#34;status&#34;: &#34;needs_review&#34;`)
 		require.Contains(t, page, `id="action-resolve" href="/keys/`+string(key)+`/resolve"`)
 		require.Contains(t, page, `href="/keys/`+string(key)+`/raw/args"`)
+	})
+
+	t.Run("TombstonePage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		call := b.call("refund")
+		call.Metadata = nil
+		res, err := b.client.Do(t.Context(), call, outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			return json.RawMessage(`{"id":"re_1"}`), nil
+		}))
+		require.NoError(t, err)
+		key := res.Key
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(b.schema), pgoncetest.StoredKey(t, string(key)), nil)
+		require.NoError(t, err)
+		status, page := b.get(t, "/keys/"+string(key))
+		require.Equal(t, http.StatusOK, status, page)
+		require.Contains(t, page, `id="state">expired`)
+		require.NotContains(t, page, "re_1", "a tombstone keeps no response")
+		require.Contains(t, page, `&#34;status&#34;: &#34;expired&#34;`)
+		require.NotContains(t, page, `id="action-`)
 	})
 
 	t.Run("KeyPageUnknownAndMalformed", func(t *testing.T) {
