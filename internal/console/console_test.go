@@ -296,6 +296,21 @@ func testPages[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.NotContains(t, page, "<img src=x")
 		require.Contains(t, page, "&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;")
 
+		call := b.call("email")
+		call.Args = map[string]any{"to": "<script>alert(3)</script>"}
+		call.Metadata = map[string]string{"<b>k</b>": "<script>alert(4)</script>"}
+		res, err := b.client.Do(t.Context(), call, outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			return nil, outbox.Ambiguous(errors.New("<script>alert(5)</script>"))
+		}))
+		require.NoError(t, err)
+		for _, path := range []string{"/keys/" + string(res.Key), "/keys?state=needs_review", "/keys/" + string(res.Key) + "/resolve"} {
+			status, page = b.get(t, path)
+			require.Equal(t, http.StatusOK, status, path)
+			require.NotContains(t, page, "<script>", path)
+			require.NotContains(t, page, "<b>k</b>", path)
+		}
+		require.Contains(t, page, "&lt;script&gt;alert(5)&lt;/script&gt;", "the last error, as text")
+
 		status, raw := b.get(t, "/keys/"+string(key)+"/raw/response")
 		require.Equal(t, http.StatusOK, status)
 		require.Equal(t, hostile, raw, "the raw link serves the stored bytes")
