@@ -81,6 +81,7 @@ func commands() []*command {
 		retryCommand(),
 		pruneCommand(),
 		reconcileCommand(),
+		consoleCommand(),
 		demoCommand(),
 		versionCommand(),
 	}

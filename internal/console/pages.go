@@ -1,0 +1,490 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// displayMax is how many bytes of a response, failure or argument list a
+// page shows; the rest is behind the raw link.
+const displayMax = 64 << 10
+
+// pageSize is how many keys a page of the keys list shows, unless the
+// query's limit says otherwise.
+const pageSize = 50
+
+// prettyMax is the largest body pretty-printed beside the verbatim one.
+const prettyMax = 256 << 10
+
+var (
+	overviewStates = []outbox.State{
+		outbox.StatePending, outbox.StateInFlight, outbox.StateNeedsReview,
+		outbox.StateSucceeded, outbox.StateFailed, outbox.StateCancelled, outbox.StateExpired,
+	}
+	listStates = []outbox.State{
+		outbox.StatePending, outbox.StateInFlight, outbox.StateNeedsReview,
+		outbox.StateFailed, outbox.StateCancelled,
+	}
+)
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	Schema   string
+	ReadOnly bool
+	Refresh  int
+	CSRF     string
+	Data     any
+}
+
+func (h *Handler) parseTemplates() error {
+	funcs := template.FuncMap{
+		"ago":      ago,
+		"time":     func(t time.Time) string { return formatTime(t) },
+		"join":     func(ss []string) string { return strings.Join(ss, ", ") },
+		"delivery": deliveryName,
+	}
+	h.pages = make(map[string]*template.Template)
+	for _, name := range []string{"overview", "keys", "key", "confirm", "result", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return err
+		}
+		h.pages[name] = t
+	}
+	return nil
+}
+
+func deliveryName(d outbox.Delivery) string {
+	switch d {
+	case outbox.IdempotentByKey:
+		return "idempotent by key"
+	case outbox.LookupByNaturalID:
+		return "lookup by natural id"
+	case outbox.AtMostOnce:
+		return "at most once"
+	}
+	return strconv.Itoa(int(d))
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
+	refresh := 0
+	if name == "overview" && h.config.RefreshSeconds > 0 {
+		refresh = h.config.RefreshSeconds
+	}
+	var buf bytes.Buffer
+	err := h.pages[name].Execute(&buf, page{
+		Title: title, Schema: h.config.Schema, ReadOnly: h.config.ReadOnly,
+		Refresh: refresh, CSRF: csrfToken(r), Data: data,
+	})
+	if err != nil {
+		h.config.Logger.Error("console: render", "page", name, "err", err)
+		http.Error(w, "render: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// refuse renders an error page with status.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	h.render(w, r, status, "error", http.StatusText(status), struct{ Status, Message string }{
+		Status: strconv.Itoa(status) + " " + http.StatusText(status), Message: msg,
+	})
+}
+
+// fail renders err in words, with the status it calls for.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, outbox.ErrInvalidKey), errors.Is(err, outbox.ErrInvalidParams),
+		errors.Is(err, outbox.ErrInvalidResolution):
+		status = http.StatusBadRequest
+	case errors.Is(err, outbox.ErrNotNeedsReview), errors.Is(err, outbox.ErrNotCancellable),
+		errors.Is(err, outbox.ErrNotRetryable), errors.Is(err, outbox.ErrExpired):
+		status = http.StatusConflict
+	default:
+		h.config.Logger.Error("console", "path", r.URL.Path, "err", err)
+	}
+	h.refuse(w, r, status, err.Error())
+}
+
+type toolRow struct {
+	Tool      string
+	Counts    []int64
+	PerMinute string
+}
+
+func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
+	snap, err := h.readStats(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	stats := snap.Stats
+	tools := make([]string, 0, len(stats.Keys))
+	for tool := range stats.Keys {
+		tools = append(tools, tool)
+	}
+	sort.Strings(tools)
+	rows := make([]toolRow, 0, len(tools))
+	for _, tool := range tools {
+		row := toolRow{Tool: tool, PerMinute: "—"}
+		if rate, ok := snap.PerMinute[tool]; ok {
+			row.PerMinute = strconv.FormatFloat(rate, 'f', 1, 64)
+		}
+		for _, state := range overviewStates {
+			row.Counts = append(row.Counts, stats.Keys[tool][state])
+		}
+		rows = append(rows, row)
+	}
+	h.render(w, r, http.StatusOK, "overview", "Overview", struct {
+		States []outbox.State
+		Rows   []toolRow
+		Stats  outbox.Stats
+		At     time.Time
+	}{overviewStates, rows, stats, snap.At})
+}
+
+type keysFilter struct {
+	States        []outbox.State
+	Tool          string
+	Tenant        string
+	RunID         string
+	CreatedAfter  string
+	CreatedBefore string
+	Limit         string
+}
+
+// query returns the filter as a URL query, for the next page's link.
+func (f keysFilter) query(cursor string) string {
+	v := url.Values{}
+	for _, s := range f.States {
+		v.Add("state", string(s))
+	}
+	for name, value := range map[string]string{
+		"tool": f.Tool, "tenant": f.Tenant, "run": f.RunID,
+		"after": f.CreatedAfter, "before": f.CreatedBefore, "cursor": cursor, "limit": f.Limit,
+	} {
+		if value != "" {
+			v.Set(name, value)
+		}
+	}
+	return v.Encode()
+}
+
+// parseTime accepts RFC 3339 and the browser's datetime-local form, in UTC.
+func parseTime(field, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, errors.New(field + ": want a time such as 2026-01-02T15:04 (UTC) or RFC 3339")
+}
+
+func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	filter := keysFilter{
+		Tool: q.Get("tool"), Tenant: q.Get("tenant"), RunID: q.Get("run"),
+		CreatedAfter: q.Get("after"), CreatedBefore: q.Get("before"),
+	}
+	for _, s := range q["state"] {
+		if s != "" {
+			filter.States = append(filter.States, outbox.State(s))
+		}
+	}
+	params := outbox.ListParams{
+		States: filter.States, Tool: filter.Tool, Tenant: filter.Tenant, RunID: filter.RunID,
+		Cursor: q.Get("cursor"), Limit: pageSize,
+	}
+	var err error
+	if l := q.Get("limit"); l != "" {
+		if params.Limit, err = strconv.Atoi(l); err != nil {
+			h.refuse(w, r, http.StatusBadRequest, "limit: want a number of keys per page")
+			return
+		}
+		filter.Limit = l
+	}
+	if params.CreatedAfter, err = parseTime("after", filter.CreatedAfter); err != nil {
+		h.refuse(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if params.CreatedBefore, err = parseTime("before", filter.CreatedBefore); err != nil {
+		h.refuse(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	res, err := h.ops.List(r.Context(), params)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if filter.RunID != "" {
+		// A run's page shows its steps in the order the model issued them.
+		slices.SortStableFunc(res.Keys, func(a, b outbox.ListedKey) int {
+			return int(a.Step - b.Step)
+		})
+	}
+	next := ""
+	if res.Cursor != "" {
+		next = "/keys?" + filter.query(res.Cursor)
+	}
+	type stateBox struct {
+		State   outbox.State
+		Checked bool
+	}
+	boxes := make([]stateBox, 0, len(listStates))
+	for _, s := range listStates {
+		boxes = append(boxes, stateBox{s, slices.Contains(filter.States, s)})
+	}
+	h.render(w, r, http.StatusOK, "keys", "Keys", struct {
+		Filter keysFilter
+		Boxes  []stateBox
+		Keys   []outbox.ListedKey
+		Next   string
+	}{filter, boxes, res.Keys, next})
+}
+
+// body is stored bytes made safe to show: never interpreted, valid UTF-8,
+// truncated, and pretty-printed when they are JSON.
+type body struct {
+	Key       outbox.Key
+	Part      string
+	Size      int
+	Shown     string
+	Pretty    string
+	Truncated bool
+	Invalid   bool // not valid UTF-8: shown with U+FFFD
+}
+
+func newBody(key outbox.Key, part string, raw []byte) *body {
+	if raw == nil {
+		return nil
+	}
+	b := &body{Key: key, Part: part, Size: len(raw), Invalid: !utf8.Valid(raw)}
+	shown := raw
+	if len(shown) > displayMax {
+		shown, b.Truncated = shown[:displayMax], true
+	}
+	b.Shown = strings.ToValidUTF8(string(shown), "\uFFFD")
+	if len(raw) <= prettyMax && json.Valid(raw) {
+		var out bytes.Buffer
+		if json.Indent(&out, raw, "", "  ") == nil && out.Len() <= displayMax {
+			b.Pretty = strings.ToValidUTF8(out.String(), "\uFFFD")
+		}
+	}
+	return b
+}
+
+type metaEntry struct{ Name, Value string }
+
+func (h *Handler) inspect(w http.ResponseWriter, r *http.Request) (outbox.Inspection, bool) {
+	key, err := outbox.ParseKey(r.PathValue("key"))
+	if err == nil {
+		var in outbox.Inspection
+		in, err = h.ops.Inspect(r.Context(), key)
+		if err == nil {
+			return in, true
+		}
+	}
+	h.fail(w, r, err)
+	return outbox.Inspection{}, false
+}
+
+func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
+	in, ok := h.inspect(w, r)
+	if !ok {
+		return
+	}
+	meta := make([]metaEntry, 0, len(in.Metadata))
+	for name, value := range in.Metadata {
+		meta = append(meta, metaEntry{name, value})
+	}
+	slices.SortFunc(meta, func(a, b metaEntry) int { return strings.Compare(a.Name, b.Name) })
+	h.render(w, r, http.StatusOK, "key", "Key "+string(in.Key), struct {
+		In          outbox.Inspection
+		Args        *body
+		Response    *body
+		Failure     *body
+		Metadata    []metaEntry
+		Observation *body
+		Actions     []string
+	}{
+		In: in, Args: newBody(in.Key, "args", in.Args), Response: newBody(in.Key, "response", in.Response),
+		Failure: newBody(in.Key, "failure", in.Failure), Metadata: meta,
+		Observation: newBody(in.Key, "observation", in.Observation().JSON()), Actions: actionsFor(in.State),
+	})
+}
+
+// raw serves stored bytes as a download, never as a page.
+func (h *Handler) raw(w http.ResponseWriter, r *http.Request) {
+	in, ok := h.inspect(w, r)
+	if !ok {
+		return
+	}
+	var data []byte
+	switch r.PathValue("part") {
+	case "args":
+		data = in.Args
+	case "response":
+		data = in.Response
+	case "failure":
+		data = in.Failure
+	case "observation":
+		data = in.Observation().JSON()
+	default:
+		h.refuse(w, r, http.StatusNotFound, "no such part: want args, response, failure or observation")
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+r.PathValue("part")+`.bin"`)
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; sandbox")
+	_, _ = w.Write(data)
+}
+
+// actionsFor lists the actions a key's state allows.
+func actionsFor(state outbox.State) []string {
+	switch state {
+	case outbox.StateNeedsReview:
+		return []string{"resolve"}
+	case outbox.StatePending:
+		return []string{"cancel"}
+	case outbox.StateFailed, outbox.StateCancelled:
+		return []string{"retry"}
+	}
+	return nil
+}
+
+func knownAction(action string) bool {
+	return action == "resolve" || action == "cancel" || action == "retry"
+}
+
+type confirmData struct {
+	In      outbox.Inspection
+	Action  string
+	Allowed bool
+	// Form values, kept when the form is shown again after an error.
+	By, Reason, Outcome, Body string
+	Problem                   string
+}
+
+func (h *Handler) confirm(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	if !knownAction(action) {
+		h.refuse(w, r, http.StatusNotFound, "no such action: want resolve, cancel or retry")
+		return
+	}
+	if h.config.ReadOnly {
+		h.refuse(w, r, http.StatusForbidden, "This console is read-only (--read-only): actions are off.")
+		return
+	}
+	in, ok := h.inspect(w, r)
+	if !ok {
+		return
+	}
+	h.render(w, r, http.StatusOK, "confirm", action+" "+string(in.Key), confirmData{
+		In: in, Action: action, Allowed: slices.Contains(actionsFor(in.State), action), Outcome: "succeeded",
+	})
+}
+
+func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	if !knownAction(action) {
+		h.refuse(w, r, http.StatusNotFound, "no such action: want resolve, cancel or retry")
+		return
+	}
+	if h.config.ReadOnly {
+		h.refuse(w, r, http.StatusForbidden, "This console is read-only (--read-only): nothing was changed.")
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		h.refuse(w, r, http.StatusBadRequest, "bad form: "+err.Error())
+		return
+	}
+	if !validCSRF(r) {
+		h.refuse(w, r, http.StatusForbidden, "The form's CSRF token does not match this browser's: reload the key's page and try again. Nothing was changed.")
+		return
+	}
+	key, err := outbox.ParseKey(r.PathValue("key"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	form := confirmData{
+		Action: action, Allowed: true, By: strings.TrimSpace(r.PostFormValue("by")), Reason: strings.TrimSpace(r.PostFormValue("reason")),
+		Outcome: r.PostFormValue("outcome"), Body: r.PostFormValue("body"),
+	}
+	again := func(problem string) {
+		in, err := h.ops.Inspect(r.Context(), key)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		form.In, form.Problem = in, problem
+		h.render(w, r, http.StatusBadRequest, "confirm", action+" "+string(key), form)
+	}
+	if form.By == "" || form.Reason == "" {
+		again("Say who you are and why: both are recorded with the key. Nothing was changed.")
+		return
+	}
+	var res outbox.Result
+	switch action {
+	case "resolve":
+		resolution := outbox.Resolution{By: form.By, Reason: form.Reason}
+		switch form.Outcome {
+		case "succeeded":
+			resolution.Action, resolution.Response = outbox.ResolveSucceeded, json.RawMessage(form.Body)
+		case "failed":
+			resolution.Action, resolution.Failure = outbox.ResolveFailed, json.RawMessage(form.Body)
+		case "retry":
+			resolution.Action = outbox.ResolveRetry
+		default:
+			again("Choose an outcome: succeeded, failed or retry. Nothing was changed.")
+			return
+		}
+		if resolution.Action != outbox.ResolveRetry && !json.Valid([]byte(form.Body)) {
+			again("The response or failure must be valid JSON; it is replayed verbatim to every duplicate. Nothing was changed.")
+			return
+		}
+		res, err = h.ops.Resolve(r.Context(), key, resolution)
+	case "cancel":
+		res, err = h.ops.Cancel(r.Context(), key, outbox.CancelParams{By: form.By, Reason: form.Reason})
+	case "retry":
+		res, err = h.ops.Retry(r.Context(), key, outbox.RetryParams{By: form.By, Reason: form.Reason})
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.render(w, r, http.StatusOK, "result", action+" "+string(key), struct {
+		Action string
+		Result outbox.Result
+		By     string
+		Reason string
+	}{action, res, form.By, form.Reason})
+}
