@@ -359,7 +359,7 @@ func TombstoneStatement(schema string) string {
 	return `UPDATE ` + ident.Quote(schema) + `.pgonce_key SET
 		state = 'expired', tenant = NULL, run_id = NULL, step = NULL, business_key = NULL, tool = NULL,
 		natural_id = NULL, args = NULL, response = NULL, failure = NULL, last_error = NULL,
-		first_attempted_at = NULL, expires_at = NULL,
+		first_attempted_at = NULL, expires_at = NULL, metadata = NULL, delivery = NULL, key_retention_ms = NULL,
 		completed_at = coalesce($2::timestamptz, completed_at),
 		forget_at = coalesce($2::timestamptz, completed_at) + interval '1 year'
 		WHERE key = $1`
