@@ -5,7 +5,7 @@
 // headers, body bytes) is stored and replayed byte for byte to every later
 // request with the same key.
 //
-// # Same-transaction mode
+// # Same-transaction mode ([ModeTx], the default)
 //
 // The middleware serves handlers whose effects live in the same PostgreSQL
 // as the keys. For a request with a key, it opens a transaction, claims the
@@ -30,6 +30,18 @@
 // A handler's 5xx answer is no outcome: its transaction rolls back, nothing
 // is stored, and a retry with the same key runs the handler again. Every
 // other status (2xx, 4xx) is the request's outcome, stored and replayed.
+//
+// # Lease mode
+//
+// [ModeLease] is for handlers that call the outside world. The key is
+// claimed in flight under a lease, as [outbox.Client.Do] claims it, the
+// handler runs under the client's CallTimeout, and its response, whatever
+// its status, is stored when it returns. A duplicate while it runs gets 409
+// with Retry-After. A request whose outcome nobody knows (the server was
+// killed mid-request, the handler panicked or overran) is resolved by the
+// tool's delivery, at most once: the key goes to review (by the reconciler,
+// once the lease expires, after a crash) and answers 409 needs-review until
+// an operator resolves it; the handler never runs twice.
 //
 // # Answers
 //

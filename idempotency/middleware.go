@@ -45,6 +45,24 @@ const (
 	ReplayedHeader = "Idempotent-Replayed"
 )
 
+// Mode says where a handler's effects live, and so how its key is held.
+type Mode int
+
+const (
+	// ModeTx is for handlers whose effects live in the same PostgreSQL: the
+	// key is claimed in a transaction that the handler writes in ([Tx]),
+	// and its response is stored in it; one commit holds all.
+	ModeTx Mode = iota
+	// ModeLease is for handlers that call the outside world: the key is
+	// claimed in flight under a lease, as [outbox.Client.Do] does, the
+	// handler runs under the client's CallTimeout, and its response is
+	// stored once it returns, whatever its status. A request abandoned
+	// mid-way (a crash, a panic, a timeout) is resolved by the reconciler
+	// by the tool's delivery, [outbox.AtMostOnce]: it goes to review, and
+	// the key answers 409 until an operator resolves it.
+	ModeLease
+)
+
 // ErrInvalidConfig is returned by [NewPgx] and [New] for an invalid
 // [Config].
 var ErrInvalidConfig = errors.New("invalid idempotency config")
@@ -52,6 +70,8 @@ var ErrInvalidConfig = errors.New("invalid idempotency config")
 // Config configures a [Middleware]. Its zero value works, but a service
 // with more than one account must set ScopeFunc.
 type Config struct {
+	// Mode says where the handler's effects live. Defaults to [ModeTx].
+	Mode Mode
 	// Methods are the request methods the middleware handles; others pass
 	// through untouched. Defaults to POST and PATCH, as the IETF draft
 	// suggests.
@@ -120,6 +140,8 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	switch {
+	case c.Mode != ModeTx && c.Mode != ModeLease:
+		return fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode))
 	case c.MaxKeyLength < 1 || c.MaxKeyLength > outbox.CallStringMaxBytes:
 		return fmt.Errorf("%w: MaxKeyLength must be between 1 and %d", ErrInvalidConfig, outbox.CallStringMaxBytes)
 	case c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 || c.RetryAfter < 0 || c.WaitTimeout < 0:
@@ -149,7 +171,12 @@ type Middleware[TTx any] struct {
 // [outbox.AtMostOnce], when no tool of that name is registered. It returns
 // an error matching [ErrInvalidConfig] for an invalid config, or a client
 // without a registry.
+//
+// pool may be nil in [ModeLease], which opens no transaction.
 func NewPgx(pool *pgxpool.Pool, client *outbox.Client[pgx.Tx], config Config) (*Middleware[pgx.Tx], error) {
+	if pool == nil && config.Mode == ModeTx {
+		return nil, fmt.Errorf("%w: ModeTx needs a pool", ErrInvalidConfig)
+	}
 	return newMiddleware(client, config, txFuncs[pgx.Tx]{
 		begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
 		commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
@@ -157,8 +184,12 @@ func NewPgx(pool *pgxpool.Pool, client *outbox.Client[pgx.Tx], config Config) (*
 	})
 }
 
-// New is [NewPgx] for database/sql: db must be the database of client.
+// New is [NewPgx] for database/sql: db must be the database of client, and
+// may be nil in [ModeLease].
 func New(db *sql.DB, client *outbox.Client[*sql.Tx], config Config) (*Middleware[*sql.Tx], error) {
+	if db == nil && config.Mode == ModeTx {
+		return nil, fmt.Errorf("%w: ModeTx needs a db", ErrInvalidConfig)
+	}
 	return newMiddleware(client, config, txFuncs[*sql.Tx]{
 		begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 		commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
@@ -242,6 +273,10 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	call := outbox.Call{Tenant: scope, Tool: m.config.Tool, Key: key, Args: fingerprint(r, body)}
+	if m.config.Mode == ModeLease {
+		m.serveLease(w, r, next, call)
+		return
+	}
 
 	ctx := r.Context()
 	tx, err := m.tx.begin(ctx)
@@ -303,6 +338,33 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 		return
 	}
 	rec.send(w, rec.header)
+}
+
+// serveLease runs the request as [outbox.Client.Do] runs a provider.
+func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, next http.Handler, call outbox.Call) {
+	var ran *recorder
+	handler := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
+		rec := newRecorder(m.config.MaxResponseBytes)
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		if rec.tooLarge {
+			// The handler may have acted: its outcome is unknown.
+			return nil, outbox.Ambiguous(errResponseTooLarge)
+		}
+		ran = rec
+		return (&httpprovider.Response{Status: rec.status, Header: m.keep(rec.header), Body: rec.body.Bytes()}).Encode()
+	})
+	res, err := m.client.Do(r.Context(), call, handler)
+	switch {
+	case err != nil:
+		m.writeError(w, err)
+	case res.State == outbox.StateNeedsReview:
+		writeProblem(w, http.StatusConflict, "needs-review", "The outcome of the request with this Idempotency-Key is unknown",
+			"An operator must resolve it; nothing runs again until then.", 0)
+	case ran != nil && res.Created && res.State == outbox.StateSucceeded:
+		ran.send(w, ran.header)
+	default:
+		m.replay(w, res)
+	}
 }
 
 // replay answers with a key's stored outcome.
