@@ -186,3 +186,8 @@ var ErrNotCancellable = errors.New("key is not pending")
 // ErrNotRetryable is returned by [Client.Retry] for a key that is neither
 // failed nor cancelled. The error is a [*KeyStateError]. Nothing is changed.
 var ErrNotRetryable = errors.New("key is neither failed nor cancelled")
+
+// ErrNotClaimed is returned by [Client.CompleteTx] for a Result that is not
+// the in-flight claim [Client.ClaimTx] made in the same transaction.
+// Nothing is written.
+var ErrNotClaimed = errors.New("key not claimed by this transaction")

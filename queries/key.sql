@@ -310,3 +310,29 @@ ORDER BY
     listed.created_at,
     listed.key
 LIMIT @max_rows::integer;
+
+-- name: KeyCompleteInTx :one
+-- KeyCompleteInTx records the final outcome of a key that the same
+-- transaction claimed in flight (KeyInsert with a lease), fenced by its
+-- attempt and worker: the claim and its outcome commit together, or
+-- neither does. It is a single-row statement without array parameters, so
+-- that it runs in a *sql.Tx of the caller as well.
+UPDATE /* TEMPLATE: schema */pgonce_key
+SET
+    state = sqlc.arg('state')::text::/* TEMPLATE: schema */pgonce_state,
+    response = sqlc.narg('response')::bytea,
+    failure = sqlc.narg('failure')::bytea,
+    lease_until = NULL,
+    worker = NULL,
+    last_error = NULL,
+    available_at = NULL,
+    updated_at = NULL,
+    completed_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+    expires_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond',
+    forget_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
+WHERE key = sqlc.arg('key')::bytea
+    AND attempt = sqlc.arg('attempt')::integer
+    AND worker = sqlc.arg('worker')::text
+    AND state = 'open'
+    AND lease_until IS NOT NULL
+RETURNING completed_at;

@@ -413,6 +413,12 @@ func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous boo
 	if backoff != nil {
 		o.RetryDelay = backoff(a.Request.Attempt)
 	}
+	// A provider that was told when to come back (outbox.RetryAfter, say an
+	// HTTP Retry-After) is not asked sooner.
+	var hinted interface{ RetryDelay() time.Duration }
+	if errors.As(err, &hinted) {
+		o.RetryDelay = max(o.RetryDelay, hinted.RetryDelay())
+	}
 	return o
 }
 

@@ -10,6 +10,62 @@ import (
 	"time"
 )
 
+const keyCompleteInTx = `-- name: KeyCompleteInTx :one
+UPDATE /* TEMPLATE: schema */pgonce_key
+SET
+    state = $1::text::/* TEMPLATE: schema */pgonce_state,
+    response = $2::bytea,
+    failure = $3::bytea,
+    lease_until = NULL,
+    worker = NULL,
+    last_error = NULL,
+    available_at = NULL,
+    updated_at = NULL,
+    completed_at = coalesce($4::timestamptz, now()),
+    expires_at = coalesce($4::timestamptz, now()) + $5::bigint * interval '1 millisecond',
+    forget_at = coalesce($4::timestamptz, now()) + $6::bigint * interval '1 millisecond'
+WHERE key = $7::bytea
+    AND attempt = $8::integer
+    AND worker = $9::text
+    AND state = 'open'
+    AND lease_until IS NOT NULL
+RETURNING completed_at
+`
+
+type KeyCompleteInTxParams struct {
+	State       string
+	Response    []byte
+	Failure     []byte
+	Now         *time.Time
+	RetentionMs int64
+	TombstoneMs int64
+	Key         []byte
+	Attempt     int32
+	Worker      string
+}
+
+// KeyCompleteInTx records the final outcome of a key that the same
+// transaction claimed in flight (KeyInsert with a lease), fenced by its
+// attempt and worker: the claim and its outcome commit together, or
+// neither does. It is a single-row statement without array parameters, so
+// that it runs in a *sql.Tx of the caller as well.
+func (q *Queries) KeyCompleteInTx(ctx context.Context, db DBTX, arg *KeyCompleteInTxParams) (*time.Time, error) {
+	row := db.QueryRow(ctx, keyCompleteInTx,
+		arg.State,
+		arg.Response,
+		arg.Failure,
+		arg.Now,
+		arg.RetentionMs,
+		arg.TombstoneMs,
+		arg.Key,
+		arg.Attempt,
+		arg.Worker,
+	)
+	var completed_at *time.Time
+	err := row.Scan(&completed_at)
+	return completed_at, err
+}
+
 const keyCountByToolAndState = `-- name: KeyCountByToolAndState :many
 SELECT
     coalesce(pgonce_key.tool, '')::text AS tool,

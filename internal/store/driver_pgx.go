@@ -63,6 +63,11 @@ func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 	return insertedKey(row), nil
 }
 
+func (e *pgxExecutor) KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error {
+	_, err := e.q.KeyCompleteInTx(ctx, e.db, completeInTxParams(p))
+	return e.store.interpretError(ctx, err)
+}
+
 func (e *pgxExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
 	row, err := e.q.KeyGet(ctx, e.db, &dbpgx.KeyGetParams{Key: keyDigest(key), Now: now})
 	if err != nil {

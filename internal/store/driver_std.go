@@ -101,6 +101,11 @@ func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 	return insertedKey((*dbpgx.KeyInsertRow)(row)), nil
 }
 
+func (e *stdExecutor) KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error {
+	_, err := e.q.KeyCompleteInTx(ctx, e.db, (*dbstd.KeyCompleteInTxParams)(completeInTxParams(p)))
+	return e.store.interpretError(ctx, err)
+}
+
 func (e *stdExecutor) KeyGet(ctx context.Context, key string, now *time.Time) (*KeyRow, error) {
 	row, err := e.q.KeyGet(ctx, e.db, &dbstd.KeyGetParams{Key: keyDigest(key), Now: now})
 	if err != nil {

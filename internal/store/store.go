@@ -70,6 +70,38 @@ type Executor interface {
 	// KeyGetByKeyOrScope reads the key, or else another key in its scope,
 	// or returns [ErrNoRows].
 	KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error)
+	// KeyCompleteInTx records the final outcome of a key that the same
+	// transaction claimed in flight, or returns [ErrNoRows] when the key is
+	// not held by that attempt and worker.
+	KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error
+}
+
+// CompleteInTxParams is the outcome [Executor.KeyCompleteInTx] records.
+type CompleteInTxParams struct {
+	Key     string
+	Attempt int
+	Worker  string
+	// State is StateSucceeded or StateFailed, with Response or Failure.
+	State              string
+	Response           []byte
+	Failure            []byte
+	Retention          time.Duration
+	TombstoneRetention time.Duration
+	Now                *time.Time
+}
+
+func completeInTxParams(p *CompleteInTxParams) *dbpgx.KeyCompleteInTxParams {
+	return &dbpgx.KeyCompleteInTxParams{
+		State:       p.State,
+		Response:    p.Response,
+		Failure:     p.Failure,
+		Now:         p.Now,
+		RetentionMs: p.Retention.Milliseconds(),
+		TombstoneMs: p.TombstoneRetention.Milliseconds(),
+		Key:         keyDigest(p.Key),
+		Attempt:     int32(p.Attempt), //nolint:gosec // attempts stay small
+		Worker:      p.Worker,
+	}
 }
 
 // Driver is what a client of transaction type TTx needs from its database.

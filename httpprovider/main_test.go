@@ -1,0 +1,9 @@
+package httpprovider_test
+
+import (
+	"testing"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+)
+
+func TestMain(m *testing.M) { pgoncetest.Main(m) }

@@ -1,0 +1,83 @@
+// Package idempotency is net/http middleware that honours the
+// Idempotency-Key request header (IETF draft-ietf-httpapi-idempotency-key-header)
+// for a service's own API, with pgonce's store as the arbiter: the first
+// request with a key runs the handler once, and its response (status, kept
+// headers, body bytes) is stored and replayed byte for byte to every later
+// request with the same key.
+//
+// # Same-transaction mode ([ModeTx], the default)
+//
+// The middleware serves handlers whose effects live in the same PostgreSQL
+// as the keys. For a request with a key, it opens a transaction, claims the
+// key in it ([outbox.Client.ClaimTx]), hands the transaction to the handler
+// through the request's context ([Tx]), stores the handler's response in it
+// ([outbox.Client.CompleteTx]) and commits. The handler's writes and the
+// stored response are one commit: a crash leaves neither, and the same key
+// simply runs again.
+//
+//	m, err := idempotency.NewPgx(pool, client, idempotency.Config{
+//		ScopeFunc: func(r *http.Request) (string, error) { return accountOf(r) },
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	mux.Handle("POST /refunds", m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//		tx, _ := idempotency.Tx[pgx.Tx](r.Context())
+//		// ... write the refund in tx, then answer:
+//		w.WriteHeader(http.StatusCreated)
+//	})))
+//
+// A handler's 5xx answer is no outcome: its transaction rolls back, nothing
+// is stored, and a retry with the same key runs the handler again. Every
+// other status (2xx, 4xx) is the request's outcome, stored and replayed.
+//
+// # Lease mode
+//
+// [ModeLease] is for handlers that call the outside world. The key is
+// claimed in flight under a lease, as [outbox.Client.Do] claims it, the
+// handler runs under the client's CallTimeout, and its response, whatever
+// its status, is stored when it returns. A duplicate while it runs gets 409
+// with Retry-After. A request whose outcome nobody knows (the server was
+// killed mid-request, the handler panicked or overran) is resolved by the
+// tool's delivery, at most once: the key goes to review (by the reconciler,
+// once the lease expires, after a crash) and answers 409 needs-review until
+// an operator resolves it; the handler never runs twice.
+//
+// # Answers
+//
+//	first request with a key                 the handler's response
+//	same key, same request, finished         the stored response, byte for byte,
+//	                                         with Idempotent-Replayed: true
+//	same key while the first runs            waits up to Config.WaitTimeout and
+//	                                         replays; past it 409, Retry-After
+//	same key, other method, path or body     422
+//	no key (Config.KeyRequired), a malformed
+//	key, a key over Config.MaxKeyLength      400
+//	no account (Config.ScopeFunc failed)     401
+//	request body over Config.MaxRequestBytes 413
+//	response over Config.MaxResponseBytes    500, nothing stored, rolled back
+//	a key whose response was pruned          422 (its tombstone remains)
+//
+// Errors are RFC 9457 problem details (application/problem+json) whose type
+// starts with [ProblemTypeBase]. A request is the same request when its
+// method, path, query and body match; a JSON body is compared in canonical
+// form (RFC 8785), so re-encoding it changes nothing. Keys are scoped by
+// [Config.ScopeFunc]: two accounts may use the same key without meeting.
+//
+// The key is sent as a structured-field string ("…") as the draft
+// specifies, or bare, as Stripe's clients send it; both name the same key.
+//
+// # Storage
+//
+// The stored response is the envelope of package httpprovider ([httpprovider.Response]):
+// a JSON object of status, kept headers and body. Keys are claimed under
+// [Config.Tool], registered [outbox.AtMostOnce]: a claim left in flight
+// (a transaction that committed without completing it) goes to review.
+//
+// # Streaming
+//
+// Streaming handlers are not supported: the response is buffered until it
+// is stored, the writer implements no http.Flusher (a flush through
+// http.ResponseController fails with http.ErrNotSupported), and the whole
+// response is sent once the transaction commits.
+package idempotency

@@ -1,0 +1,183 @@
+// Command refunds is a small service behind the Idempotency-Key middleware:
+// POST /refunds submits a refund for a keyed payment API (an in-process fake
+// that logs what it receives) in the request's own transaction, and a
+// dispatcher delivers it with the refund's key in Idempotency-Key.
+//
+//	go run ./idempotency/example/refunds -db postgres://postgres@127.0.0.1:5432/postgres
+//
+// Then, from another terminal (the README has more):
+//
+//	curl -i -X POST localhost:8080/refunds -H 'Idempotency-Key: "r-1"' \
+//		-H 'Account: acct_1' -d '{"order": 8842, "amount": "42.00"}'
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/httpprovider"
+	"github.com/pgonce/pgonce/idempotency"
+	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+func main() {
+	dbURL := flag.String("db", "postgres://postgres@127.0.0.1:5432/postgres", "PostgreSQL URL")
+	addr := flag.String("addr", "localhost:8080", "listen address")
+	schema := flag.String("schema", "refunds_example", "pgonce schema")
+	flag.Parse()
+	if err := run(*dbURL, *addr, *schema); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(dbURL, addr, schema string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer func() { _ = db.Close() }()
+	if err := migrations.Up(ctx, db, schema); err != nil {
+		return err
+	}
+
+	payments, err := fakePaymentAPI()
+	if err != nil {
+		return err
+	}
+	provider, err := httpprovider.New(httpprovider.Config{URL: payments + "/v1/refunds", KeyRetention: 24 * time.Hour})
+	if err != nil {
+		return err
+	}
+	registry := outbox.NewRegistry()
+	if err := provider.Register(registry, "refund"); err != nil {
+		return err
+	}
+	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	if err != nil {
+		return err
+	}
+	m, err := idempotency.NewPgx(pool, client, idempotency.Config{
+		KeyRequired: true,
+		// A real service returns the authenticated account here.
+		ScopeFunc: func(r *http.Request) (string, error) {
+			if account := r.Header.Get("Account"); account != "" {
+				return account, nil
+			}
+			return "", fmt.Errorf("no Account header")
+		},
+	})
+	if err != nil {
+		return err
+	}
+	d, err := dispatcher.New(client, dispatcher.Config{})
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := d.Run(ctx); err != nil {
+			log.Print(err)
+		}
+	}()
+
+	mux := http.NewServeMux()
+	mux.Handle("POST /refunds", m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := idempotency.Tx[pgx.Tx](r.Context())
+		var req struct {
+			Order  int    `json:"order"`
+			Amount string `json:"amount"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Order == 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":"send {\"order\": <int>, \"amount\": \"<decimal>\"}"}`))
+			return
+		}
+		res, err := client.SubmitTx(r.Context(), tx, outbox.Call{
+			Tenant: r.Header.Get("Account"),
+			Tool:   "refund",
+			Key:    fmt.Sprintf("refund-order-%d", req.Order),
+			Args:   map[string]any{"order": req.Order, "amount": req.Amount},
+		})
+		if err != nil {
+			// A 5xx is rolled back and not stored: the same key runs again.
+			http.Error(w, `{"error":"unavailable"}`, http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = fmt.Fprintf(w, "{\"refund_key\":%q,\"created_at\":%q}\n", res.Key, time.Now().UTC().Format(time.RFC3339Nano))
+	})))
+	mux.HandleFunc("GET /refunds/{key}", func(w http.ResponseWriter, r *http.Request) {
+		res, err := client.Get(r.Context(), outbox.Key(r.PathValue("key")))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(res.Observation())
+	})
+	server := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = server.Shutdown(context.WithoutCancel(ctx))
+	}()
+	log.Printf("refunds on http://%s, payment API on %s", addr, payments)
+	if err := server.ListenAndServe(); err != http.ErrServerClosed {
+		return err
+	}
+	return nil
+}
+
+// fakePaymentAPI serves a payment API that logs each refund it receives,
+// deduplicating on Idempotency-Key, and returns its URL.
+func fakePaymentAPI() (string, error) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	seen := map[string][]byte{}
+	requests := make(chan func(), 1)
+	go func() {
+		for f := range requests {
+			f()
+		}
+	}()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		key := r.Header.Get("Idempotency-Key")
+		answer := make(chan []byte, 1)
+		requests <- func() {
+			if stored, ok := seen[key]; ok {
+				answer <- stored
+				return
+			}
+			stored := []byte(fmt.Sprintf(`{"id":"re_%d","status":"succeeded"}`, len(seen)+1))
+			seen[key] = stored
+			log.Printf("payment API: refund %q (Idempotency-Key %q)", body, key) //nolint:gosec // quoted
+			answer <- stored
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(<-answer)
+	})
+	go func() { _ = http.Serve(listener, handler) }() //nolint:gosec // an example's loopback fake
+	return "http://" + listener.Addr().String(), nil
+}

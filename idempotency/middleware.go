@@ -1,0 +1,476 @@
+package idempotency
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgonce/pgonce/httpprovider"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// Defaults of [Config].
+const (
+	// HeaderDefault is the request header that carries the key.
+	HeaderDefault = "Idempotency-Key"
+	// ToolDefault is the tool name the middleware's keys are claimed under.
+	ToolDefault = "http_request"
+	// MaxKeyLengthDefault is the longest key accepted, in bytes.
+	MaxKeyLengthDefault = 255
+	// MaxRequestBytesDefault bounds the request body read to fingerprint it.
+	MaxRequestBytesDefault = 1 << 20
+	// MaxResponseBytesDefault bounds the response stored.
+	MaxResponseBytesDefault = 1 << 20
+	// RetryAfterDefault is the Retry-After of a 409 for a key in progress.
+	RetryAfterDefault = time.Second
+	// WaitTimeoutDefault is how long a duplicate waits for the first
+	// request of its key.
+	WaitTimeoutDefault = 5 * time.Second
+	// ReplayedHeader marks a replayed response, as Stripe's API does.
+	ReplayedHeader = "Idempotent-Replayed"
+)
+
+// Mode says where a handler's effects live, and so how its key is held.
+type Mode int
+
+const (
+	// ModeTx is for handlers whose effects live in the same PostgreSQL: the
+	// key is claimed in a transaction that the handler writes in ([Tx]),
+	// and its response is stored in it; one commit holds all.
+	ModeTx Mode = iota
+	// ModeLease is for handlers that call the outside world: the key is
+	// claimed in flight under a lease, as [outbox.Client.Do] does, the
+	// handler runs under the client's CallTimeout, and its response is
+	// stored once it returns, whatever its status. A request abandoned
+	// mid-way (a crash, a panic, a timeout) is resolved by the reconciler
+	// by the tool's delivery, [outbox.AtMostOnce]: it goes to review, and
+	// the key answers 409 until an operator resolves it.
+	ModeLease
+)
+
+// ErrInvalidConfig is returned by [NewPgx] and [New] for an invalid
+// [Config].
+var ErrInvalidConfig = errors.New("invalid idempotency config")
+
+// Config configures a [Middleware]. Its zero value works, but a service
+// with more than one account must set ScopeFunc.
+type Config struct {
+	// Mode says where the handler's effects live. Defaults to [ModeTx].
+	Mode Mode
+	// Methods are the request methods the middleware handles; others pass
+	// through untouched. Defaults to POST and PATCH, as the IETF draft
+	// suggests.
+	Methods []string
+	// Header names the request header that carries the key. Defaults to
+	// [HeaderDefault].
+	Header string
+	// KeyRequired answers a handled request without a key with 400. By
+	// default such a request passes through to the handler unprotected.
+	KeyRequired bool
+	// MaxKeyLength bounds a key's length in bytes; a longer key is a 400.
+	// Defaults to [MaxKeyLengthDefault]; at most 512.
+	MaxKeyLength int
+	// ScopeFunc returns the scope of a request's key: the authenticated
+	// account or tenant. Keys of different scopes never meet: one account
+	// never receives another's stored response, nor blocks another's key.
+	// An error answers 401. Defaults to one scope for every request.
+	ScopeFunc func(r *http.Request) (string, error)
+	// Tool is the registered tool name the keys are claimed under; [NewPgx]
+	// and [New] register it in the client's registry when it is missing.
+	// Defaults to [ToolDefault].
+	Tool string
+	// KeepHeaders names the response headers stored and replayed with the
+	// status and body. Defaults to every header the handler set but
+	// Set-Cookie, Date and hop-by-hop headers.
+	KeepHeaders []string
+	// MaxRequestBytes bounds the request body; a larger one is a 413.
+	// Defaults to [MaxRequestBytesDefault].
+	MaxRequestBytes int64
+	// MaxResponseBytes bounds the response body a handler may write: a
+	// larger response is refused with a 500 problem, the transaction
+	// rolled back and nothing stored, never truncated. Defaults to
+	// [MaxResponseBytesDefault].
+	MaxResponseBytes int
+	// RetryAfter is the Retry-After sent with a 409 for a key in progress.
+	// Defaults to [RetryAfterDefault].
+	RetryAfter time.Duration
+	// WaitTimeout is how long a duplicate that arrives while the first
+	// request of its key is running waits for it, then replays its
+	// response; past it the duplicate is answered 409 with Retry-After.
+	// Defaults to [WaitTimeoutDefault].
+	WaitTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	c.Header = cmp.Or(c.Header, HeaderDefault)
+	c.MaxKeyLength = cmp.Or(c.MaxKeyLength, MaxKeyLengthDefault)
+	c.Tool = cmp.Or(c.Tool, ToolDefault)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, MaxRequestBytesDefault)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
+	c.RetryAfter = cmp.Or(c.RetryAfter, RetryAfterDefault)
+	c.WaitTimeout = cmp.Or(c.WaitTimeout, WaitTimeoutDefault)
+	if c.ScopeFunc == nil {
+		c.ScopeFunc = func(*http.Request) (string, error) { return "", nil }
+	}
+	keep := make([]string, len(c.KeepHeaders))
+	for i, name := range c.KeepHeaders {
+		keep[i] = http.CanonicalHeaderKey(name)
+	}
+	c.KeepHeaders = keep
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Mode != ModeTx && c.Mode != ModeLease:
+		return fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(c.Mode))
+	case c.MaxKeyLength < 1 || c.MaxKeyLength > outbox.CallStringMaxBytes:
+		return fmt.Errorf("%w: MaxKeyLength must be between 1 and %d", ErrInvalidConfig, outbox.CallStringMaxBytes)
+	case c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 || c.RetryAfter < 0 || c.WaitTimeout < 0:
+		return fmt.Errorf("%w: MaxRequestBytes, MaxResponseBytes, RetryAfter and WaitTimeout must not be negative", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// txFuncs begin, commit and roll back a transaction of type TTx.
+type txFuncs[TTx any] struct {
+	begin    func(ctx context.Context) (TTx, error)
+	commit   func(ctx context.Context, tx TTx) error
+	rollback func(ctx context.Context, tx TTx) error
+}
+
+// Middleware is an Idempotency-Key middleware whose handlers write to the
+// same PostgreSQL as the keys: see the package documentation. It is safe
+// for concurrent use.
+type Middleware[TTx any] struct {
+	client *outbox.Client[TTx]
+	config Config
+	tx     txFuncs[TTx]
+}
+
+// NewPgx returns a middleware over pool for a client of the same database.
+// It registers [Config.Tool] in the client's registry, delivered
+// [outbox.AtMostOnce], when no tool of that name is registered. It returns
+// an error matching [ErrInvalidConfig] for an invalid config, or a client
+// without a registry.
+//
+// pool may be nil in [ModeLease], which opens no transaction.
+func NewPgx(pool *pgxpool.Pool, client *outbox.Client[pgx.Tx], config Config) (*Middleware[pgx.Tx], error) {
+	if pool == nil && config.Mode == ModeTx {
+		return nil, fmt.Errorf("%w: ModeTx needs a pool", ErrInvalidConfig)
+	}
+	return newMiddleware(client, config, txFuncs[pgx.Tx]{
+		begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
+		commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+		rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+	})
+}
+
+// New is [NewPgx] for database/sql: db must be the database of client, and
+// may be nil in [ModeLease].
+func New(db *sql.DB, client *outbox.Client[*sql.Tx], config Config) (*Middleware[*sql.Tx], error) {
+	if db == nil && config.Mode == ModeTx {
+		return nil, fmt.Errorf("%w: ModeTx needs a db", ErrInvalidConfig)
+	}
+	return newMiddleware(client, config, txFuncs[*sql.Tx]{
+		begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
+		commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+		rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
+	})
+}
+
+func newMiddleware[TTx any](client *outbox.Client[TTx], config Config, tx txFuncs[TTx]) (*Middleware[TTx], error) {
+	config = config.withDefaults()
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	registry := client.Config().Registry
+	if registry == nil {
+		return nil, fmt.Errorf("%w: the client needs a Registry", ErrInvalidConfig)
+	}
+	if registry.Lookup(config.Tool) == nil {
+		// The keys are completed in their own transaction and never
+		// dispatched; a claim abandoned in flight goes to review.
+		abandoned := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			return nil, outbox.Permanent(errors.New("an HTTP request cannot be replayed by a dispatcher"))
+		})
+		if err := registry.Register(config.Tool, abandoned, outbox.AtMostOnce); err != nil && registry.Lookup(config.Tool) == nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	return &Middleware[TTx]{client: client, config: config, tx: tx}, nil
+}
+
+type txKey struct{}
+
+// Tx returns the transaction the middleware opened for the request of ctx:
+// the handler's writes in it commit together with the stored response. It
+// reports false outside the middleware, and for requests it passed through
+// (a method it does not handle, no key).
+func Tx[TTx any](ctx context.Context) (TTx, bool) {
+	tx, ok := ctx.Value(txKey{}).(TTx)
+	return tx, ok
+}
+
+// Handler wraps next.
+func (m *Middleware[TTx]) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !slices.Contains(m.config.Methods, r.Method) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	values := r.Header.Values(m.config.Header)
+	if len(values) == 0 {
+		if m.config.KeyRequired {
+			writeProblem(w, http.StatusBadRequest, "missing-key", "Idempotency-Key is missing", "This operation requires an "+m.config.Header+" header.", 0)
+			return
+		}
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := parseKey(values, m.config.MaxKeyLength)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "malformed-key", "Idempotency-Key is malformed", err.Error(), 0)
+		return
+	}
+	scope, err := m.config.ScopeFunc(r)
+	if err != nil {
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Request is not authorised", "The request's account could not be determined.", 0)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, m.config.MaxRequestBytes+1))
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Request body could not be read", err.Error(), 0)
+		return
+	}
+	if int64(len(body)) > m.config.MaxRequestBytes {
+		writeProblem(w, http.StatusRequestEntityTooLarge, "body-too-large", "Request body is too large",
+			fmt.Sprintf("The body exceeds %d bytes.", m.config.MaxRequestBytes), 0)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	call := outbox.Call{Tenant: scope, Tool: m.config.Tool, Key: key, Args: fingerprint(r, body)}
+	if m.config.Mode == ModeLease {
+		m.serveLease(w, r, next, call)
+		return
+	}
+
+	ctx := r.Context()
+	tx, err := m.tx.begin(ctx)
+	if err != nil {
+		m.writeError(w, err)
+		return
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = m.tx.rollback(context.WithoutCancel(ctx), tx)
+		}
+	}()
+	// The first request of a key holds it until its transaction ends; a
+	// duplicate waits in ClaimTx on the key, then replays. Past
+	// WaitTimeout it gives up with a 409.
+	claimCtx, cancel := context.WithTimeout(ctx, m.config.WaitTimeout)
+	claimed, err := m.client.ClaimTx(claimCtx, tx, call)
+	waited := claimCtx.Err() != nil && ctx.Err() == nil
+	cancel()
+	if waited {
+		err = &outbox.InProgressError{Key: claimed.Key, RetryAfter: m.config.RetryAfter}
+	}
+	if err != nil {
+		m.writeError(w, err)
+		return
+	}
+	if !claimed.Created {
+		m.replay(w, claimed)
+		return
+	}
+
+	rec := newRecorder(m.config.MaxResponseBytes)
+	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, txKey{}, tx)))
+	switch {
+	case rec.tooLarge:
+		writeProblem(w, http.StatusInternalServerError, "response-too-large", "Response is too large to store",
+			fmt.Sprintf("The handler's response exceeds %d bytes; nothing was stored.", m.config.MaxResponseBytes), 0)
+		return
+	case rec.status >= 500:
+		// A server error is no outcome: the handler's writes roll back
+		// and the same key runs again.
+		rec.send(w, rec.header)
+		return
+	}
+	kept := m.keep(rec.header)
+	stored, err := (&httpprovider.Response{Status: rec.status, Header: kept, Body: rec.body.Bytes()}).Encode()
+	if err != nil {
+		m.writeError(w, err)
+		return
+	}
+	if _, err := m.client.CompleteTx(ctx, tx, claimed, stored); err != nil {
+		m.writeError(w, err)
+		return
+	}
+	done = true
+	if err := m.tx.commit(ctx, tx); err != nil {
+		m.writeError(w, err)
+		return
+	}
+	rec.send(w, rec.header)
+}
+
+// serveLease runs the request as [outbox.Client.Do] runs a provider.
+func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, next http.Handler, call outbox.Call) {
+	var ran *recorder
+	handler := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
+		rec := newRecorder(m.config.MaxResponseBytes)
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		if rec.tooLarge {
+			// The handler may have acted: its outcome is unknown.
+			return nil, outbox.Ambiguous(errResponseTooLarge)
+		}
+		ran = rec
+		return (&httpprovider.Response{Status: rec.status, Header: m.keep(rec.header), Body: rec.body.Bytes()}).Encode()
+	})
+	res, err := m.client.Do(r.Context(), call, handler)
+	switch {
+	case err != nil:
+		m.writeError(w, err)
+	case res.State == outbox.StateNeedsReview:
+		writeProblem(w, http.StatusConflict, "needs-review", "The outcome of the request with this Idempotency-Key is unknown",
+			"An operator must resolve it; nothing runs again until then.", 0)
+	case ran != nil && res.Created && res.State == outbox.StateSucceeded:
+		ran.send(w, ran.header)
+	default:
+		m.replay(w, res)
+	}
+}
+
+// replay answers with a key's stored outcome.
+func (m *Middleware[TTx]) replay(w http.ResponseWriter, res outbox.Result) {
+	if res.State != outbox.StateSucceeded {
+		m.writeError(w, fmt.Errorf("key %s is %s", res.Key, res.State))
+		return
+	}
+	resp, err := httpprovider.Decode(res.Response)
+	if err != nil {
+		m.writeError(w, err)
+		return
+	}
+	for name, values := range resp.Header {
+		w.Header()[name] = values
+	}
+	w.Header().Set(ReplayedHeader, "true")
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// keep returns the headers of h that are stored.
+func (m *Middleware[TTx]) keep(h http.Header) http.Header {
+	kept := http.Header{}
+	if len(m.config.KeepHeaders) > 0 {
+		for _, name := range m.config.KeepHeaders {
+			if values := h.Values(name); len(values) > 0 {
+				kept[name] = slices.Clone(values)
+			}
+		}
+		return kept
+	}
+	for name, values := range h {
+		switch name {
+		case "Set-Cookie", "Date", "Connection", "Keep-Alive", "Transfer-Encoding", "Trailer", "Upgrade", "Proxy-Connection":
+			continue
+		}
+		kept[name] = slices.Clone(values)
+	}
+	return kept
+}
+
+// writeError answers an error of the store or the client.
+func (m *Middleware[TTx]) writeError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, outbox.ErrKeyConflict):
+		writeProblem(w, http.StatusUnprocessableEntity, "key-reused", "Idempotency-Key reused with another request",
+			"This key was used with a different method, path or body.", 0)
+	case errors.Is(err, outbox.ErrInProgress):
+		writeProblem(w, http.StatusConflict, "in-progress", "A request with this Idempotency-Key is being processed",
+			"Retry later with the same key.", m.config.RetryAfter)
+	case errors.Is(err, outbox.ErrExpired):
+		writeProblem(w, http.StatusUnprocessableEntity, "key-expired", "Idempotency-Key expired",
+			"This key was used long ago and its response is no longer kept; use a new key for a new request.", 0)
+	case errors.Is(err, outbox.ErrInvalidCall) || errors.Is(err, outbox.ErrNotCanonical):
+		writeProblem(w, http.StatusBadRequest, "malformed-key", "Idempotency-Key or scope is invalid", err.Error(), 0)
+	default:
+		writeProblem(w, http.StatusInternalServerError, "internal", "The request could not be processed", "Retry later with the same key.", 0)
+	}
+}
+
+// parseKey reads the key from the header's values: one value, an RFC 8941
+// string ("…") as the IETF draft specifies, or a bare token as Stripe's
+// clients send it; printable ASCII, not empty, at most maxLen bytes.
+func parseKey(values []string, maxLen int) (string, error) {
+	if len(values) != 1 {
+		return "", errors.New("send exactly one Idempotency-Key header")
+	}
+	raw := strings.TrimSpace(values[0])
+	key := raw
+	if strings.HasPrefix(raw, `"`) {
+		unquoted, err := strconv.Unquote(raw)
+		if err != nil || strings.ContainsAny(raw[1:len(raw)-1], "\t") {
+			return "", errors.New("the key is not a valid quoted string")
+		}
+		key = unquoted
+	}
+	switch {
+	case key == "":
+		return "", errors.New("the key is empty")
+	case len(key) > maxLen:
+		return "", fmt.Errorf("the key is longer than %d bytes", maxLen)
+	}
+	for i := range len(key) {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return "", errors.New("the key must be printable ASCII")
+		}
+	}
+	return key, nil
+}
+
+// fingerprint is what identifies a request beside its key: method, path,
+// query and a digest of its body, canonical when it is JSON, so that a
+// respelled JSON body is the same request.
+func fingerprint(r *http.Request, body []byte) map[string]any {
+	digestOf := body
+	if json.Valid(body) {
+		if canonical, err := outbox.Canonicalize(json.RawMessage(body)); err == nil {
+			digestOf = canonical
+		}
+	}
+	sum := sha256.Sum256(digestOf)
+	return map[string]any{
+		"method":      r.Method,
+		"path":        r.URL.EscapedPath(),
+		"query":       r.URL.RawQuery,
+		"body_sha256": hex.EncodeToString(sum[:]),
+	}
+}
