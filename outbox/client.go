@@ -47,7 +47,21 @@ func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 // caller's pgx.Tx. The schema must already be migrated (see the migrations
 // package; pass it stdlib.OpenDBFromPool(pool)); NewPgx itself runs no
 // statement, so call [Client.CheckSchema] at start-up to fail fast.
+//
+// With [PoolingTransaction], the pool must not keep prepared statements:
+// its connection config's DefaultQueryExecMode must be
+// pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol
+// (default_query_exec_mode=exec in the URL), or NewPgx returns an error
+// matching [ErrTransactionPooling].
 func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
+	if config.Pooling == PoolingTransaction {
+		switch mode := pool.Config().ConnConfig.DefaultQueryExecMode; mode {
+		case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		default:
+			return nil, fmt.Errorf("%w: %w: with PoolingTransaction the pool must not prepare statements: "+
+				"set default_query_exec_mode=exec (or simple_protocol) in its URL, not %s", ErrInvalidConfig, ErrTransactionPooling, mode)
+		}
+	}
 	return newClient(config, func(schema string) (store.Driver[pgx.Tx], error) {
 		return store.NewPgxDriver(pool, schema)
 	})
@@ -63,6 +77,7 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 		return nil, err
 	}
 	c := &Client[TTx]{config: config, driver: driver, store: driver.Store()}
+	c.store.ListenOver(config.ListenConnectFunc, config.Pooling == PoolingTransaction)
 	c.attempts = newRunner(c)
 	return c, nil
 }

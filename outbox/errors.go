@@ -186,3 +186,11 @@ var ErrNotCancellable = errors.New("key is not pending")
 // ErrNotRetryable is returned by [Client.Retry] for a key that is neither
 // failed nor cancelled. The error is a [*KeyStateError]. Nothing is changed.
 var ErrNotRetryable = errors.New("key is neither failed nor cancelled")
+
+// ErrTransactionPooling is returned, beside [ErrInvalidConfig], by [NewPgx]
+// for a client with [PoolingTransaction] over a pool that keeps prepared
+// statements across transactions, and by the dispatcher's New for a
+// dispatcher that would LISTEN through a transaction pooler: session state
+// that a transaction pooler does not keep. The error names the setting that
+// fixes it.
+var ErrTransactionPooling = errors.New("configuration needs session state that a transaction pooler does not keep")
