@@ -189,3 +189,56 @@ func testRefuseListen[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 	_, err = dispatcher.New(listening, dispatcher.Config{})
 	require.NoError(t, err)
 }
+
+// TestPgBouncerFaults drains a history-checked load through a PgBouncer in
+// transaction pooling mode, on both drivers, while the PgBouncer drops
+// its server connections (RECONNECT), holds every client (PAUSE, then
+// RESUME), and is killed and started again: nothing lost, nothing twice,
+// and every Wait ends with its key's result.
+func TestPgBouncerFaults(t *testing.T) {
+	t.Parallel()
+	for _, drv := range []driver{driverPgx, driverStd} {
+		t.Run(string(drv), func(t *testing.T) {
+			t.Parallel()
+			bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 8)
+			b := setup(t, &bundleOpts{
+				driver: drv, databaseURL: bouncer.URL(), transactionPooled: true,
+				latency: 2 * time.Millisecond, mode: failTransientOneInTen,
+			})
+			var waits waiters
+			for range 6 {
+				if key, fate := b.load.SubmitOne(t.Context()); fate == faults.FateCommitted {
+					waits.wait(b.client, key)
+				}
+			}
+			stopSubmit := b.submit(t, 2, 5*time.Millisecond)
+			stopDispatch := b.runDispatcher(t)
+			stopReconcile := b.runReconciler(t)
+			ctx := t.Context()
+			for range faults.Scale(1, 4) {
+				time.Sleep(300 * time.Millisecond) // load runs between faults
+				require.NoError(t, bouncer.Admin(ctx, "RECONNECT"))
+				tally.Fault("pgbouncer_reconnect")
+
+				time.Sleep(300 * time.Millisecond)
+				require.NoError(t, bouncer.Admin(ctx, "PAUSE"))
+				tally.Fault("pgbouncer_pause")
+				time.Sleep(200 * time.Millisecond) // clients queue meanwhile
+				require.NoError(t, bouncer.Admin(ctx, "RESUME"))
+
+				time.Sleep(300 * time.Millisecond)
+				bouncer.Kill()
+				tally.Fault("pgbouncer_kill")
+				time.Sleep(100 * time.Millisecond) // clients find it gone
+				bouncer.Start()
+			}
+			time.Sleep(300 * time.Millisecond)
+			stopSubmit()
+			stopDispatch()
+			stopReconcile()
+			awaitHealthy(t, b.workers)
+			b.finish(t, faults.CheckOpts{})
+			waits.require(t, "Client.Wait must outlast PgBouncer's faults")
+		})
+	}
+}
