@@ -26,6 +26,10 @@ const (
 	childSchemaEnv = "PGONCE_FAULTS_CHILD_SCHEMA"
 	childURLEnv    = "PGONCE_FAULTS_CHILD_URL"
 	childAppEnv    = "PGONCE_FAULTS_CHILD_APP"
+	// childWorkerEnv, when set, is the child's WorkerID.
+	childWorkerEnv = "PGONCE_FAULTS_CHILD_WORKER"
+	// childLatencyEnv, when set, is the ledger's latency (a Go duration).
+	childLatencyEnv = "PGONCE_FAULTS_CHILD_LATENCY"
 )
 
 // runChild is the body of a dispatcher process of the crash loop: the
@@ -47,11 +51,18 @@ func runChild() int {
 		defer pool.Close()
 		ledger := faults.NewLedger(pool, schema)
 		ledger.Latency = 2 * time.Millisecond
+		if latency := os.Getenv(childLatencyEnv); latency != "" {
+			if ledger.Latency, err = time.ParseDuration(latency); err != nil {
+				return err
+			}
+		}
 		registry, err := ledger.Registry(nil)
 		if err != nil {
 			return err
 		}
-		client, err := outbox.NewPgx(pool, clientConfig(schema, registry))
+		config := clientConfig(schema, registry)
+		config.WorkerID = os.Getenv(childWorkerEnv)
+		client, err := outbox.NewPgx(pool, config)
 		if err != nil {
 			return err
 		}
