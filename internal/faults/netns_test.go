@@ -18,6 +18,8 @@ import (
 
 	"github.com/pgonce/pgonce/internal/faults"
 	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/store"
+	"github.com/pgonce/pgonce/outbox"
 )
 
 // host is a network namespace of a test's own, joined to the test's
@@ -259,19 +261,41 @@ func TestPartitionedHost(t *testing.T) {
 
 	b.finish(t, faults.CheckOpts{Crashed: true})
 
-	// No late write of the partitioned host went back in time: each key it
-	// held ended at a later attempt than the one it held.
+	// Each key it held ended at a later attempt than the one it held, and
+	// the writes it could still send for the attempts it held (its late
+	// outcomes, arriving after the link is back) are fenced out: they
+	// write nothing, and every stored outcome stays as it is.
+	st, err := store.NewPgxDriver(b.direct, b.schema)
+	require.NoError(t, err)
+	before := map[string]outbox.Result{}
+	var late []store.Outcome
 	rows, err := b.direct.Query(ctx, `SELECT encode(key, 'hex'), attempt FROM `+table+
 		` WHERE encode(key, 'hex') = ANY($1::text[])`, keysOf(stranded))
 	require.NoError(t, err)
-	defer rows.Close()
 	for rows.Next() {
 		var key string
 		var attempt int32
 		require.NoError(t, rows.Scan(&key, &attempt))
-		require.Greater(t, attempt, stranded[key], "key %s", key)
+		require.Greater(t, attempt, stranded[key], "key %s must have been taken over", key)
+		res, err := b.checker.Get(ctx, outbox.Key("k1_"+key))
+		require.NoError(t, err)
+		before[key] = res
+		late = append(late, store.Outcome{
+			Key: "k1_" + key, Attempt: int(stranded[key]), State: store.StateSucceeded,
+			Response: []byte(`{"late":true}`), Retention: time.Hour,
+		})
 	}
 	require.NoError(t, rows.Err())
+	rows.Close()
+	written, err := st.Store().Finish(ctx, &store.FinishParams{Outcomes: late, TombstoneRetention: 2 * time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, written, "late outcomes of the partitioned host must be fenced out")
+	for key, res := range before {
+		after, err := b.checker.Get(ctx, outbox.Key("k1_"+key))
+		require.NoError(t, err)
+		require.Equal(t, res.State, after.State, "key %s", key)
+		require.Equal(t, string(res.Response), string(after.Response), "key %s", key)
+	}
 }
 
 func keysOf(m map[string]int32) []string {
