@@ -55,11 +55,8 @@ func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 // matching [ErrTransactionPooling].
 func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
 	if config.Pooling == PoolingTransaction {
-		switch mode := pool.Config().ConnConfig.DefaultQueryExecMode; mode {
-		case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
-		default:
-			return nil, fmt.Errorf("%w: %w: with PoolingTransaction the pool must not prepare statements: "+
-				"set default_query_exec_mode=exec (or simple_protocol) in its URL, not %s", ErrInvalidConfig, ErrTransactionPooling, mode)
+		if err := checkExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
+			return nil, err
 		}
 	}
 	return newClient(config, func(schema string) (store.Driver[pgx.Tx], error) {
@@ -98,8 +95,36 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 //
 // Without the check, the first operation on such a schema returns the same
 // error.
+//
+// With [PoolingTransaction], CheckSchema also reads the exec mode of a
+// connection of the pool and returns an error matching
+// [ErrTransactionPooling] when it prepares statements: the check that
+// [NewPgx] makes at once, and that a *sql.DB allows only over a
+// connection.
 func (c *Client[TTx]) CheckSchema(ctx context.Context) error {
+	if c.config.Pooling == PoolingTransaction {
+		mode, err := c.store.QueryExecMode(ctx)
+		if err != nil {
+			return fmt.Errorf("check exec mode: %w", err)
+		}
+		if err := checkExecMode(mode); err != nil {
+			return err
+		}
+	}
 	return c.store.CheckSchema(ctx)
+}
+
+// checkExecMode refuses, for [PoolingTransaction], an exec mode that keeps
+// prepared statements (or describes a statement in one round trip and runs
+// it in another) on a connection that a transaction pooler may change
+// between statements.
+func checkExecMode(mode pgx.QueryExecMode) error {
+	switch mode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return nil
+	}
+	return fmt.Errorf("%w: %w: with PoolingTransaction the pool must not prepare statements: "+
+		"set default_query_exec_mode=exec (or simple_protocol) in its URL, not %s", ErrInvalidConfig, ErrTransactionPooling, mode)
 }
 
 // Config returns the client's configuration, with defaults filled in.

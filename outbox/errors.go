@@ -188,8 +188,8 @@ var ErrNotCancellable = errors.New("key is not pending")
 var ErrNotRetryable = errors.New("key is neither failed nor cancelled")
 
 // ErrTransactionPooling is returned, beside [ErrInvalidConfig], by [NewPgx]
-// for a client with [PoolingTransaction] over a pool that keeps prepared
-// statements across transactions, and by the dispatcher's New for a
+// and [Client.CheckSchema] for a client with [PoolingTransaction] over a
+// pool that keeps prepared statements across transactions, and by the dispatcher's New for a
 // dispatcher that would LISTEN through a transaction pooler: session state
 // that a transaction pooler does not keep. The error names the setting that
 // fixes it.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/dispatcher"
@@ -154,6 +155,27 @@ func TestPgBouncerRefuses(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrTransactionPooling)
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 		require.ErrorContains(t, err, "default_query_exec_mode=exec")
+	})
+
+	t.Run("DatabaseSQLThatPreparesStatements", func(t *testing.T) {
+		t.Parallel()
+		config, err := pgx.ParseConfig(strings.TrimSuffix(bouncer.URL(), "&default_query_exec_mode=exec"))
+		require.NoError(t, err)
+		db := stdlib.OpenDB(*config)
+		t.Cleanup(func() { _ = db.Close() })
+		client, err := outbox.New(db, outbox.Config{Schema: schema, Pooling: outbox.PoolingTransaction})
+		require.NoError(t, err, "New takes no connection")
+		err = client.CheckSchema(t.Context())
+		require.ErrorIs(t, err, outbox.ErrTransactionPooling)
+		require.ErrorContains(t, err, "default_query_exec_mode=exec")
+
+		config, err = pgx.ParseConfig(bouncer.URL())
+		require.NoError(t, err)
+		execDB := stdlib.OpenDB(*config)
+		t.Cleanup(func() { _ = execDB.Close() })
+		client, err = outbox.New(execDB, outbox.Config{Schema: schema, Pooling: outbox.PoolingTransaction})
+		require.NoError(t, err)
+		require.NoError(t, client.CheckSchema(t.Context()))
 	})
 
 	t.Run("DispatcherListeningThroughThePooler", func(t *testing.T) {

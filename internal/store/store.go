@@ -398,3 +398,14 @@ func (p pgxTemplated) Query(ctx context.Context, query string, args ...any) (pgx
 func (p pgxTemplated) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
 	return p.db.QueryRow(ctx, p.tpl.fill(query), args...)
 }
+
+// QueryExecMode returns the exec mode of a connection of the store's pool:
+// pgxpool's, or that of the pgx connections under database/sql.
+func (s *Store) QueryExecMode(ctx context.Context) (pgx.QueryExecMode, error) {
+	var mode pgx.QueryExecMode
+	err := s.connFunc(ctx, func(conn *pgx.Conn) error {
+		mode = conn.Config().DefaultQueryExecMode
+		return nil
+	})
+	return mode, s.interpretError(ctx, err)
+}
