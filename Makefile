@@ -69,7 +69,7 @@ bench: ## Run the benchmarks (bench-size and bench-scale aside), 6 counts each, 
 	go test -run='^$$' -bench=. -benchmem -count=6 -timeout=60m $$(go list ./... | grep -v /internal/storagebench) | tee bench.txt
 
 .PHONY: bench-drain
-bench-drain: ## Print how fast 1, 2, 4 and 8 dispatcher processes drain a backlog (PGONCE_BENCH_DRAIN_KEYS keys, default 20000)
+bench-drain: ## Print how fast 1, 2, 4 and 8 dispatcher processes drain a backlog (PGONCE_BENCH_DRAIN_KEYS keys, default 5000)
 	go test -run='^$$' -bench='^BenchmarkDrainProcesses$$' -benchtime=1x -count=3 -timeout=60m ./internal/faults/
 
 .PHONY: bench-size

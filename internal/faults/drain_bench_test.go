@@ -27,7 +27,7 @@ const drainKeysEnv = "PGONCE_BENCH_DRAIN_KEYS"
 // backlog of keyed calls whose provider writes a ledger row: the scale note
 // of README, "Production topologies". Run it with `make bench-drain`.
 func BenchmarkDrainProcesses(b *testing.B) {
-	keys := 20_000
+	keys := 5000
 	if n, err := strconv.Atoi(os.Getenv(drainKeysEnv)); err == nil && n > 0 {
 		keys = n
 	}
