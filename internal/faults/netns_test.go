@@ -152,7 +152,8 @@ func (h *host) startDispatcher(schema, worker string, latency time.Duration) *ch
 		childURLEnv+"="+h.url,
 		childAppEnv+"=faults_"+worker,
 		childWorkerEnv+"="+worker,
-		childLatencyEnv+"="+latency.String())
+		childLatencyEnv+"="+latency.String(),
+		childMaxConnsEnv+"=4")
 	c := &child{cmd: cmd, stderr: &bytes.Buffer{}}
 	cmd.Stderr = c.stderr
 	var err error

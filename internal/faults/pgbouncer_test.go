@@ -222,7 +222,7 @@ func TestPgBouncerFaults(t *testing.T) {
 	for _, drv := range []driver{driverPgx, driverStd} {
 		t.Run(string(drv), func(t *testing.T) {
 			t.Parallel()
-			bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 8)
+			bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 4)
 			b := setup(t, &bundleOpts{
 				driver: drv, databaseURL: bouncer.URL(), transactionPooled: true,
 				latency: 2 * time.Millisecond, mode: failTransientOneInTen,

@@ -30,6 +30,10 @@ const (
 	childWorkerEnv = "PGONCE_FAULTS_CHILD_WORKER"
 	// childLatencyEnv, when set, is the ledger's latency (a Go duration).
 	childLatencyEnv = "PGONCE_FAULTS_CHILD_LATENCY"
+	// childMaxConnsEnv, when set, is the child pool's MaxConns: children
+	// running beside the campaign's tests share the server's
+	// max_connections with them.
+	childMaxConnsEnv = "PGONCE_FAULTS_CHILD_MAX_CONNS"
 )
 
 // runChild is the body of a dispatcher process of the crash loop: the
@@ -44,7 +48,11 @@ func runChild() int {
 	}()
 	err := func() error {
 		schema := os.Getenv(childSchemaEnv)
-		pool, err := faults.NewPool(ctx, os.Getenv(childURLEnv), os.Getenv(childAppEnv))
+		url := os.Getenv(childURLEnv)
+		if maxConns := os.Getenv(childMaxConnsEnv); maxConns != "" {
+			url += "&pool_max_conns=" + maxConns
+		}
+		pool, err := faults.NewPool(ctx, url, os.Getenv(childAppEnv))
 		if err != nil {
 			return err
 		}

@@ -23,7 +23,8 @@ import (
 
 // NewPool returns a pool over url whose connections carry applicationName
 // (so that a backend killer can find them) and an empty search_path (so that
-// a statement that forgets its schema fails).
+// a statement that forgets its schema fails), of 16 connections unless url
+// sets pool_max_conns.
 func NewPool(ctx context.Context, url, applicationName string) (*pgxpool.Pool, error) {
 	config, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -32,7 +33,9 @@ func NewPool(ctx context.Context, url, applicationName string) (*pgxpool.Pool, e
 	config.ConnConfig.RuntimeParams["search_path"] = ""
 	config.ConnConfig.RuntimeParams["application_name"] = applicationName
 	config.ConnConfig.ConnectTimeout = 5 * time.Second
-	config.MaxConns = 16
+	if !strings.Contains(url, "pool_max_conns=") {
+		config.MaxConns = 16
+	}
 	return pgxpool.NewWithConfig(ctx, config)
 }
 
