@@ -209,6 +209,10 @@ func (w *Workload) SubmitOne(ctx context.Context) (outbox.Key, Fate) {
 	return key, fate
 }
 
+// submitAskTimeout bounds each ask of the retry of a submit whose COMMIT
+// went unanswered.
+const submitAskTimeout = 2 * time.Second
+
 func (w *Workload) submit(ctx context.Context, call outbox.Call, step int64) Fate {
 	tx, err := w.Client.Begin(ctx)
 	if err != nil {
@@ -239,7 +243,14 @@ func (w *Workload) submit(ctx context.Context, call outbox.Call, step int64) Fat
 	retryCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmpOr(w.RetryTimeout, 30*time.Second))
 	defer cancel()
 	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		if _, err := w.Client.Submit(retryCtx, call); err == nil {
+		// Each ask under a deadline of its own, as a caller's request has:
+		// an idle connection that died in a black hole answers nothing, and
+		// is dropped when its ask's deadline passes, instead of holding
+		// the whole retry.
+		askCtx, cancelAsk := context.WithTimeout(retryCtx, submitAskTimeout)
+		_, err := w.Client.Submit(askCtx, call)
+		cancelAsk()
+		if err == nil {
 			return FateCommitted
 		}
 		select {
