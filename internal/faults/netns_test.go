@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -139,12 +140,42 @@ func (h *host) heal() { ipRun(h.t, "link", "set", h.hostSide, "up") }
 type child struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
+	stdout *bytes.Buffer
 	stderr *bytes.Buffer
+}
+
+// stopSubmitter stops a submitting child and adds the history it wrote to
+// history.
+func (c *child) stopSubmitter(t *testing.T, history *faults.History) {
+	t.Helper()
+	c.stop(t)
+	decoder := json.NewDecoder(c.stdout)
+	added := 0
+	for decoder.More() {
+		var e faults.Entry
+		require.NoError(t, decoder.Decode(&e))
+		history.Add(e.Call, e.Key, e.Fate)
+		added++
+	}
+	require.Positive(t, added, "the submitting child submitted calls")
+	t.Logf("the submitter on the partitioned host submitted %d calls", added)
 }
 
 // startDispatcher starts a dispatcher process in h's namespace over
 // schema, as worker, whose ledger calls take latency.
 func (h *host) startDispatcher(schema, worker string, latency time.Duration) *child {
+	h.t.Helper()
+	return h.startChild(schema, worker, latency)
+}
+
+// startSubmitter starts a submitting process in h's namespace over schema,
+// whose calls carry runID; [child.stopSubmitter] collects its history.
+func (h *host) startSubmitter(schema, runID string) *child {
+	h.t.Helper()
+	return h.startChild(schema, "submitter", 0, childSubmitEnv+"="+runID)
+}
+
+func (h *host) startChild(schema, worker string, latency time.Duration, env ...string) *child {
 	h.t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", h.ns, os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
 	cmd.Env = append(os.Environ(),
@@ -154,8 +185,9 @@ func (h *host) startDispatcher(schema, worker string, latency time.Duration) *ch
 		childWorkerEnv+"="+worker,
 		childLatencyEnv+"="+latency.String(),
 		childMaxConnsEnv+"=4")
-	c := &child{cmd: cmd, stderr: &bytes.Buffer{}}
-	cmd.Stderr = c.stderr
+	cmd.Env = append(cmd.Env, env...)
+	c := &child{cmd: cmd, stderr: &bytes.Buffer{}, stdout: &bytes.Buffer{}}
+	cmd.Stderr, cmd.Stdout = c.stderr, c.stdout
 	var err error
 	c.stdin, err = cmd.StdinPipe()
 	require.NoError(h.t, err)
@@ -201,6 +233,9 @@ func TestPartitionedHost(t *testing.T) {
 	// its link goes.
 	partitioned := cut.startDispatcher(b.schema, "netns-cut", 300*time.Millisecond)
 	survivor := other.startDispatcher(b.schema, "netns-other", 2*time.Millisecond)
+	// The partitioned host submits too: its transactions in flight at the
+	// cut end rolled back, committed or unknown, and its history says which.
+	submitter := cut.startSubmitter(b.schema, b.load.RunID+"-cut")
 	stopSubmit := b.submit(t, 2, 5*time.Millisecond)
 
 	table := ident.Quote(b.schema) + ".pgonce_key"
@@ -257,6 +292,7 @@ func TestPartitionedHost(t *testing.T) {
 	time.Sleep(time.Second) // the healed host works again, its late writes arrive
 	stopSubmit()
 	stopReconcile()
+	submitter.stopSubmitter(t, b.history)
 	partitioned.stop(t)
 	survivor.stop(t)
 

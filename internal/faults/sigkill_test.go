@@ -3,6 +3,7 @@ package faults_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	mathrand "math/rand/v2"
@@ -34,6 +35,11 @@ const (
 	// running beside the campaign's tests share the server's
 	// max_connections with them.
 	childMaxConnsEnv = "PGONCE_FAULTS_CHILD_MAX_CONNS"
+	// childSubmitEnv, when set, makes the child a submitter instead of a
+	// dispatcher: it runs the workload with this run id until it is told
+	// to stop, then writes its history to standard output, one JSON entry a
+	// line.
+	childSubmitEnv = "PGONCE_FAULTS_CHILD_SUBMIT"
 )
 
 // runChild is the body of a dispatcher process of the crash loop: the
@@ -73,6 +79,21 @@ func runChild() int {
 		client, err := outbox.NewPgx(pool, config)
 		if err != nil {
 			return err
+		}
+		if runID := os.Getenv(childSubmitEnv); runID != "" {
+			history := faults.NewHistory()
+			load := &faults.Workload{
+				Client: faults.PgxSubmitter(client, pool), History: history,
+				RunID: runID, RollbackEvery: 7, RetryTimeout: 10 * time.Second,
+			}
+			load.Run(ctx, 2, 0, 10*time.Millisecond)
+			encoder := json.NewEncoder(os.Stdout)
+			for _, e := range history.Entries() {
+				if err := encoder.Encode(e); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
 		d, err := dispatcher.New(client, dispatcherConfig())
 		if err != nil {
