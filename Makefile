@@ -68,6 +68,10 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FuzzSubmit needs 
 bench: ## Run the benchmarks (bench-size and bench-scale aside), 6 counts each, for benchstat
 	go test -run='^$$' -bench=. -benchmem -count=6 -timeout=60m $$(go list ./... | grep -v /internal/storagebench) | tee bench.txt
 
+.PHONY: bench-drain
+bench-drain: ## Print how fast 1, 2, 4 and 8 dispatcher processes drain a backlog (PGONCE_BENCH_DRAIN_KEYS keys, default 5000)
+	go test -run='^$$' -bench='^BenchmarkDrainProcesses$$' -benchtime=1x -count=3 -timeout=60m ./internal/faults/
+
 .PHONY: bench-size
 bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_KEYS calls, default 100000)
 	go test -run='^$$' -bench='^BenchmarkSize$$' -benchtime=1x -count=1 -timeout=60m ./internal/storagebench/

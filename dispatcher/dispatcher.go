@@ -38,7 +38,10 @@ type Dispatcher[TTx any] struct {
 }
 
 // New returns a dispatcher for the tools in client's registry. It returns
-// [ErrInvalidConfig] for an invalid config.
+// [ErrInvalidConfig] for an invalid config, and also
+// [outbox.ErrTransactionPooling] for a client with
+// [outbox.PoolingTransaction] whose dispatcher would listen through the
+// pooler: give the client a ListenConnectFunc, or set NotifyDisabled.
 func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client must not be nil", ErrInvalidConfig)
@@ -47,6 +50,12 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 	config = config.withDefaults(clientConfig)
 	if err := config.validate(); err != nil {
 		return nil, err
+	}
+	if clientConfig.Pooling == outbox.PoolingTransaction && clientConfig.ListenConnectFunc == nil && !clientConfig.NotifyDisabled {
+		// A LISTEN through a transaction pooler hears nothing: the server
+		// connection that ran it serves other clients' transactions.
+		return nil, fmt.Errorf("%w: %w: a dispatcher over a client with PoolingTransaction cannot listen through the pooler: "+
+			"set the client's ListenConnectFunc to a direct connection, or NotifyDisabled to poll only", ErrInvalidConfig, outbox.ErrTransactionPooling)
 	}
 	var reconciler *reconcile.Reconciler[TTx]
 	if !config.MaintenanceDisabled {
@@ -399,7 +408,8 @@ const connsNeeded = 3
 // the dispatcher or the waits then poll instead of listening, and every
 // statement queues for one connection.
 func (d *Dispatcher[TTx]) warnSmallPool(ctx context.Context) {
-	if maxConns := d.store.MaxConns(); maxConns > 0 && maxConns < connsNeeded && !d.client.Config().NotifyDisabled {
+	config := d.client.Config()
+	if maxConns := d.store.MaxConns(); maxConns > 0 && maxConns < connsNeeded && !config.NotifyDisabled && config.ListenConnectFunc == nil {
 		d.logger.WarnContext(ctx, "pgonce: the connection pool is smaller than a dispatcher and waits in one process need; some of them poll instead of listening, and results reach waiters later",
 			"max_conns", maxConns, "conns_needed", connsNeeded)
 	}

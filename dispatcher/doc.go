@@ -53,6 +53,12 @@
 // smaller than the 3 connections a dispatcher and waits in one process need
 // to listen is named in a warning when Run starts.
 //
+// Behind a transaction pooler (PgBouncer in transaction mode,
+// [outbox.PoolingTransaction]) a LISTEN through the pool hears nothing: the
+// client's [outbox.Config.ListenConnectFunc] gives the listener a direct
+// connection of its own, or [outbox.Config.NotifyDisabled] makes the
+// dispatcher poll; [New] refuses a dispatcher with neither.
+//
 // # Maintenance
 //
 // Unless [Config.MaintenanceDisabled], the dispatchers that serve the same

@@ -47,7 +47,18 @@ func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 // caller's pgx.Tx. The schema must already be migrated (see the migrations
 // package; pass it stdlib.OpenDBFromPool(pool)); NewPgx itself runs no
 // statement, so call [Client.CheckSchema] at start-up to fail fast.
+//
+// With [PoolingTransaction], the pool must not keep prepared statements:
+// its connection config's DefaultQueryExecMode must be
+// pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol
+// (default_query_exec_mode=exec in the URL), or NewPgx returns an error
+// matching [ErrTransactionPooling].
 func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
+	if config.Pooling == PoolingTransaction {
+		if err := checkExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
+			return nil, err
+		}
+	}
 	return newClient(config, func(schema string) (store.Driver[pgx.Tx], error) {
 		return store.NewPgxDriver(pool, schema)
 	})
@@ -63,6 +74,7 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 		return nil, err
 	}
 	c := &Client[TTx]{config: config, driver: driver, store: driver.Store()}
+	c.store.ListenOver(config.ListenConnectFunc, config.Pooling == PoolingTransaction)
 	c.attempts = newRunner(c)
 	return c, nil
 }
@@ -83,8 +95,36 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 //
 // Without the check, the first operation on such a schema returns the same
 // error.
+//
+// With [PoolingTransaction], CheckSchema also reads the exec mode of a
+// connection of the pool and returns an error matching
+// [ErrTransactionPooling] when it prepares statements: the check that
+// [NewPgx] makes at once, and that a *sql.DB allows only over a
+// connection.
 func (c *Client[TTx]) CheckSchema(ctx context.Context) error {
+	if c.config.Pooling == PoolingTransaction {
+		mode, err := c.store.QueryExecMode(ctx)
+		if err != nil {
+			return fmt.Errorf("check exec mode: %w", err)
+		}
+		if err := checkExecMode(mode); err != nil {
+			return err
+		}
+	}
 	return c.store.CheckSchema(ctx)
+}
+
+// checkExecMode refuses, for [PoolingTransaction], an exec mode that keeps
+// prepared statements (or describes a statement in one round trip and runs
+// it in another) on a connection that a transaction pooler may change
+// between statements.
+func checkExecMode(mode pgx.QueryExecMode) error {
+	switch mode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return nil
+	}
+	return fmt.Errorf("%w: %w: with PoolingTransaction the pool must not prepare statements: "+
+		"set default_query_exec_mode=exec (or simple_protocol) in its URL, not %s", ErrInvalidConfig, ErrTransactionPooling, mode)
 }
 
 // Config returns the client's configuration, with defaults filled in.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,8 +10,41 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgonce/pgonce/internal/ident"
 )
+
+// Pooling says how the connections of a client's pool reach PostgreSQL,
+// and so which session state pgonce may rely on between transactions.
+type Pooling int
+
+const (
+	// PoolingSession is a pool of direct connections to PostgreSQL, or of
+	// connections through a pooler in session mode: a connection keeps its
+	// session, so listeners LISTEN over the pool.
+	PoolingSession Pooling = iota
+	// PoolingTransaction is a pool of connections through a pooler in
+	// transaction mode (PgBouncer's pool_mode = transaction), which hands
+	// the server connection to another client after each transaction. No
+	// session state outlives a transaction: the pool must not keep prepared
+	// statements (pgx's default_query_exec_mode=exec or simple_protocol),
+	// and a LISTEN through the pooler hears nothing, so listeners connect
+	// past it with [Config.ListenConnectFunc], or nobody listens and
+	// dispatchers and waits poll.
+	PoolingTransaction
+)
+
+// String returns "session" or "transaction".
+func (p Pooling) String() string {
+	switch p {
+	case PoolingSession:
+		return "session"
+	case PoolingTransaction:
+		return "transaction"
+	}
+	return fmt.Sprintf("Pooling(%d)", int(p))
+}
 
 const (
 	// SchemaDefault is the schema of pgonce's tables when none is configured.
@@ -103,6 +137,30 @@ type Config struct {
 	// Logger receives the client's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
+	// Pooling says how the pool's connections reach PostgreSQL: directly
+	// (or through a session pooler), or through a transaction pooler such as
+	// PgBouncer in transaction mode (README, "Production topologies"). With
+	// [PoolingTransaction], [NewPgx] refuses a pool that keeps prepared
+	// statements, waits listen only over ListenConnectFunc, and a
+	// dispatcher needs ListenConnectFunc or NotifyDisabled. Defaults to
+	// [PoolingSession].
+	Pooling Pooling
+
+	// ListenConnectFunc, when set, opens the connection each listener (a
+	// dispatcher's, and the one that all waits of the client share) holds
+	// while it runs, instead of taking one from the client's pool; the
+	// listener closes it when it stops. Behind a transaction pooler, it
+	// connects to PostgreSQL directly (or through a session pooler), for
+	// example:
+	//
+	//	ListenConnectFunc: func(ctx context.Context) (*pgx.Conn, error) {
+	//		return pgx.Connect(ctx, directURL)
+	//	},
+	//
+	// Defaults to nil: listeners hold a connection of the pool, unless
+	// Pooling is [PoolingTransaction], when nobody listens.
+	ListenConnectFunc func(ctx context.Context) (*pgx.Conn, error)
+
 	// NowFunc returns the current time for timestamps written by pgonce. nil
 	// means the database's clock, which is what production should use;
 	// tests set it to move time. Leases always follow the database's clock
@@ -143,6 +201,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Retention must not be negative", ErrInvalidConfig)
 	case c.StatementTimeout < time.Millisecond:
 		return fmt.Errorf("%w: StatementTimeout must be at least 1ms", ErrInvalidConfig)
+	case c.Pooling != PoolingSession && c.Pooling != PoolingTransaction:
+		return fmt.Errorf("%w: Pooling must be PoolingSession or PoolingTransaction, got %d", ErrInvalidConfig, int(c.Pooling))
 	case c.NotifyCooldown < 0:
 		return fmt.Errorf("%w: NotifyCooldown must not be negative", ErrInvalidConfig)
 	case c.TombstoneRetention < c.Retention:

@@ -218,6 +218,10 @@ func (w *waiters) subscribe(s *store.Store, config Config, key Key, woken chan s
 // their keys. The waits then poll. w.mu is held.
 func (w *waiters) start(s *store.Store, config Config) {
 	release, maxConns, ok := s.ReserveListener()
+	if !ok && s.ListenDisabled() {
+		config.Logger.Debug("pgonce: behind a transaction pooler without ListenConnectFunc; waits poll")
+		return
+	}
 	if !ok {
 		config.Logger.Debug("pgonce: the connection pool is too small to listen and read at once; waits poll",
 			"max_conns", maxConns)

@@ -101,6 +101,10 @@ type bundleOpts struct {
 	hold func(ctx context.Context, req outbox.Request)
 	// grace is the reconciler's. Zero: the campaign's default.
 	grace time.Duration
+	// transactionPooled says that databaseURL is a transaction pooler: the
+	// workers' clients take outbox.PoolingTransaction, and their listeners
+	// connect to the direct database.
+	transactionPooled bool
 }
 
 // bundle is one campaign: a schema with a ledger, the workers' pool and
@@ -188,7 +192,18 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	ledger.ModeFunc, ledger.Latency, ledger.HoldFunc = opts.mode, opts.latency, opts.hold
 	registry, err := ledger.Registry(opts.toolOpts)
 	require.NoError(t, err)
-	client, err := outbox.NewPgx(workers, clientConfig(schema, registry))
+	workersConfig := clientConfig(schema, registry)
+	if opts.transactionPooled {
+		directURL := pgoncetest.DatabaseURL(t)
+		if opts.cluster != nil {
+			directURL = opts.cluster.URL()
+		}
+		workersConfig.Pooling = outbox.PoolingTransaction
+		workersConfig.ListenConnectFunc = func(ctx context.Context) (*pgx.Conn, error) {
+			return pgx.Connect(ctx, directURL)
+		}
+	}
+	client, err := outbox.NewPgx(workers, workersConfig)
 	require.NoError(t, err)
 	checker, err := outbox.NewPgx(direct, clientConfig(schema, registry))
 	require.NoError(t, err)
@@ -211,7 +226,7 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 		db, err := faults.NewDB(url, app)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		std, err := outbox.New(db, clientConfig(schema, registry))
+		std, err := outbox.New(db, workersConfig)
 		require.NoError(t, err)
 		b.load.Client = faults.StdSubmitter(std, db)
 		b.dispatch, b.reconcile = runners(t, std, b.grace)

@@ -3,6 +3,7 @@ package faults_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	mathrand "math/rand/v2"
@@ -26,6 +27,19 @@ const (
 	childSchemaEnv = "PGONCE_FAULTS_CHILD_SCHEMA"
 	childURLEnv    = "PGONCE_FAULTS_CHILD_URL"
 	childAppEnv    = "PGONCE_FAULTS_CHILD_APP"
+	// childWorkerEnv, when set, is the child's WorkerID.
+	childWorkerEnv = "PGONCE_FAULTS_CHILD_WORKER"
+	// childLatencyEnv, when set, is the ledger's latency (a Go duration).
+	childLatencyEnv = "PGONCE_FAULTS_CHILD_LATENCY"
+	// childMaxConnsEnv, when set, is the child pool's MaxConns: children
+	// running beside the campaign's tests share the server's
+	// max_connections with them.
+	childMaxConnsEnv = "PGONCE_FAULTS_CHILD_MAX_CONNS"
+	// childSubmitEnv, when set, makes the child a submitter instead of a
+	// dispatcher: it runs the workload with this run id until it is told
+	// to stop, then writes its history to standard output, one JSON entry a
+	// line.
+	childSubmitEnv = "PGONCE_FAULTS_CHILD_SUBMIT"
 )
 
 // runChild is the body of a dispatcher process of the crash loop: the
@@ -40,20 +54,46 @@ func runChild() int {
 	}()
 	err := func() error {
 		schema := os.Getenv(childSchemaEnv)
-		pool, err := faults.NewPool(ctx, os.Getenv(childURLEnv), os.Getenv(childAppEnv))
+		url := os.Getenv(childURLEnv)
+		if maxConns := os.Getenv(childMaxConnsEnv); maxConns != "" {
+			url += "&pool_max_conns=" + maxConns
+		}
+		pool, err := faults.NewPool(ctx, url, os.Getenv(childAppEnv))
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
 		ledger := faults.NewLedger(pool, schema)
 		ledger.Latency = 2 * time.Millisecond
+		if latency := os.Getenv(childLatencyEnv); latency != "" {
+			if ledger.Latency, err = time.ParseDuration(latency); err != nil {
+				return err
+			}
+		}
 		registry, err := ledger.Registry(nil)
 		if err != nil {
 			return err
 		}
-		client, err := outbox.NewPgx(pool, clientConfig(schema, registry))
+		config := clientConfig(schema, registry)
+		config.WorkerID = os.Getenv(childWorkerEnv)
+		client, err := outbox.NewPgx(pool, config)
 		if err != nil {
 			return err
+		}
+		if runID := os.Getenv(childSubmitEnv); runID != "" {
+			history := faults.NewHistory()
+			load := &faults.Workload{
+				Client: faults.PgxSubmitter(client, pool), History: history,
+				RunID: runID, RollbackEvery: 7, RetryTimeout: 10 * time.Second,
+			}
+			load.Run(ctx, 2, 0, 10*time.Millisecond)
+			encoder := json.NewEncoder(os.Stdout)
+			for _, e := range history.Entries() {
+				if err := encoder.Encode(e); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
 		d, err := dispatcher.New(client, dispatcherConfig())
 		if err != nil {

@@ -23,7 +23,8 @@ import (
 
 // NewPool returns a pool over url whose connections carry applicationName
 // (so that a backend killer can find them) and an empty search_path (so that
-// a statement that forgets its schema fails).
+// a statement that forgets its schema fails), of 16 connections unless url
+// sets pool_max_conns.
 func NewPool(ctx context.Context, url, applicationName string) (*pgxpool.Pool, error) {
 	config, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -32,7 +33,9 @@ func NewPool(ctx context.Context, url, applicationName string) (*pgxpool.Pool, e
 	config.ConnConfig.RuntimeParams["search_path"] = ""
 	config.ConnConfig.RuntimeParams["application_name"] = applicationName
 	config.ConnConfig.ConnectTimeout = 5 * time.Second
-	config.MaxConns = 16
+	if !strings.Contains(url, "pool_max_conns=") {
+		config.MaxConns = 16
+	}
 	return pgxpool.NewWithConfig(ctx, config)
 }
 
@@ -206,6 +209,10 @@ func (w *Workload) SubmitOne(ctx context.Context) (outbox.Key, Fate) {
 	return key, fate
 }
 
+// submitAskTimeout bounds each ask of the retry of a submit whose COMMIT
+// went unanswered.
+const submitAskTimeout = 2 * time.Second
+
 func (w *Workload) submit(ctx context.Context, call outbox.Call, step int64) Fate {
 	tx, err := w.Client.Begin(ctx)
 	if err != nil {
@@ -236,7 +243,14 @@ func (w *Workload) submit(ctx context.Context, call outbox.Call, step int64) Fat
 	retryCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmpOr(w.RetryTimeout, 30*time.Second))
 	defer cancel()
 	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		if _, err := w.Client.Submit(retryCtx, call); err == nil {
+		// Each ask under a deadline of its own, as a caller's request has:
+		// an idle connection that died in a black hole answers nothing, and
+		// is dropped when its ask's deadline passes, instead of holding
+		// the whole retry.
+		askCtx, cancelAsk := context.WithTimeout(retryCtx, submitAskTimeout)
+		_, err := w.Client.Submit(askCtx, call)
+		cancelAsk()
+		if err == nil {
 			return FateCommitted
 		}
 		select {

@@ -137,10 +137,32 @@ type Store struct {
 	versionFunc func(ctx context.Context) (applied, needed int64, err error)
 	executor    Executor
 
+	// listenConnectFunc, when set, opens the connection of each listener,
+	// which closes it: a direct connection past a transaction pooler.
+	listenConnectFunc func(ctx context.Context) (*pgx.Conn, error)
+	// listenDisabled makes [Store.ReserveListener] refuse every listener:
+	// the pool sits behind a transaction pooler, through which LISTEN
+	// loses notifications, and no direct connection was given.
+	listenDisabled bool
+
 	mu sync.Mutex
 	// listeners counts the connections reserved by [Store.ReserveListener].
 	listeners int
 }
+
+// ListenOver makes the store's listeners connect with connect instead of
+// holding a connection of the pool: each listener opens a connection of
+// its own and closes it when it stops. A nil connect with disabled true
+// refuses every listener ([Store.ReserveListener] reports false): the pool
+// is behind a transaction pooler, which hands a session's server
+// connection to other clients between transactions, so that a LISTEN
+// through it hears nothing. Call it before the store is used.
+func (s *Store) ListenOver(connect func(ctx context.Context) (*pgx.Conn, error), disabled bool) {
+	s.listenConnectFunc, s.listenDisabled = connect, disabled && connect == nil
+}
+
+// ListenDisabled reports whether [Store.ListenOver] refused every listener.
+func (s *Store) ListenDisabled() bool { return s.listenDisabled }
 
 func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) error) error,
 	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int,
@@ -179,6 +201,13 @@ func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) erro
 // pool are not counted.
 func (s *Store) ReserveListener() (release func(), maxConns int, ok bool) {
 	maxConns = s.maxConnsFunc()
+	if s.listenDisabled {
+		return nil, maxConns, false
+	}
+	if s.listenConnectFunc != nil {
+		// The listener's connection is its own, not the pool's.
+		return func() {}, maxConns, true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if maxConns > 0 && s.listeners+1 >= maxConns {
@@ -225,7 +254,18 @@ func (s *Store) run(ctx context.Context, f func(q *dbpgx.Queries, db dbpgx.DBTX)
 func (s *Store) Listen(ctx context.Context, channels []string, timeout time.Duration, ready func(), handle func(*pgconn.Notification)) error {
 	acquireCtx, cancelAcquire := context.WithTimeout(ctx, timeout)
 	defer cancelAcquire()
-	return s.connFunc(acquireCtx, func(conn *pgx.Conn) error {
+	connFunc := s.connFunc
+	if s.listenConnectFunc != nil {
+		connFunc = func(ctx context.Context, f func(*pgx.Conn) error) error {
+			conn, err := s.listenConnectFunc(ctx)
+			if err != nil {
+				return fmt.Errorf("connect: %w", err)
+			}
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			return f(conn)
+		}
+	}
+	return connFunc(acquireCtx, func(conn *pgx.Conn) error {
 		cancelAcquire() // the connection is held; only its acquisition was bounded
 		for _, channel := range channels {
 			if err := withTimeout(ctx, timeout, func(ctx context.Context) error {
@@ -389,4 +429,15 @@ func (p pgxTemplated) Query(ctx context.Context, query string, args ...any) (pgx
 
 func (p pgxTemplated) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
 	return p.db.QueryRow(ctx, p.tpl.fill(query), args...)
+}
+
+// QueryExecMode returns the exec mode of a connection of the store's pool:
+// pgxpool's, or that of the pgx connections under database/sql.
+func (s *Store) QueryExecMode(ctx context.Context) (pgx.QueryExecMode, error) {
+	var mode pgx.QueryExecMode
+	err := s.connFunc(ctx, func(conn *pgx.Conn) error {
+		mode = conn.Config().DefaultQueryExecMode
+		return nil
+	})
+	return mode, s.interpretError(ctx, err)
 }
