@@ -195,7 +195,7 @@ var ErrNotClaimed = errors.New("key not claimed by this transaction")
 // ErrTransactionPooling is returned, beside [ErrInvalidConfig], by [NewPgx]
 // and [Client.CheckSchema] for a client with [PoolingTransaction] over a
 // pool that keeps prepared statements across transactions, and by the
-// dispatcher's New for a dispatcher that would LISTEN through a transaction pooler: session state
-// that a transaction pooler does not keep. The error names the setting that
-// fixes it.
+// dispatcher's New for a dispatcher that would LISTEN through a
+// transaction pooler: session state that a transaction pooler does not
+// keep. The error names the setting that fixes it.
 var ErrTransactionPooling = errors.New("configuration needs session state that a transaction pooler does not keep")
