@@ -35,8 +35,12 @@ verify: tools ## Fail when generated code is stale, code is unformatted or vet c
 lint: tools ## Run golangci-lint
 	$(GOLANGCI_LINT) run ./...
 
+.PHONY: setup
+setup: ## Start or install PostgreSQL and install what the tests need when missing (.ci/setup)
+	bash .ci/setup
+
 .PHONY: test
-test: ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see README)
+test: setup ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see README)
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 ./...
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
