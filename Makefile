@@ -8,6 +8,9 @@ GOBIN ?= $(shell go env GOPATH)/bin
 FAULTS_SUMMARY := $(CURDIR)/faults-summary.txt
 SQLC          := $(GOBIN)/sqlc
 GOLANGCI_LINT := $(GOBIN)/golangci-lint
+# The telemetry package's tests with the OpenTelemetry SDK: a module of its
+# own, never released, so that the SDK stays out of pgonce's go.mod.
+SDKTEST       := telemetry/internal/sdktest
 
 .DEFAULT_GOAL := help
 
@@ -30,15 +33,19 @@ verify: tools ## Fail when generated code is stale, code is unformatted or vet c
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }
 	go vet ./...
 	go mod verify
+	cd $(SDKTEST) && go vet ./... && go mod verify
+	@! go list -deps -test ./... | grep -x 'go.opentelemetry.io/otel/sdk.*' || { echo 'the OpenTelemetry SDK must stay out of the core module: test telemetry with it in $(SDKTEST)'; exit 1; }
 
 .PHONY: lint
 lint: tools ## Run golangci-lint
 	$(GOLANGCI_LINT) run ./...
+	cd $(SDKTEST) && $(GOLANGCI_LINT) run ./...
 
 .PHONY: test
 test: ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see README)
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 ./...
+	cd $(SDKTEST) && go test -race -count=1 ./...
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
 
 .PHONY: faults
@@ -50,6 +57,7 @@ faults: ## Run the fault campaign's long profile (as root: it makes private clus
 .PHONY: test/short
 test/short: ## Run the tests without the race detector
 	go test -count=1 ./...
+	cd $(SDKTEST) && go test -count=1 ./...
 
 # Each fuzz target runs for FUZZTIME; plain `go test` runs only the seed
 # corpora in testdata/fuzz, which is what CI does.
@@ -81,5 +89,6 @@ bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS 
 	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
 
 .PHONY: tidy
-tidy: ## go mod tidy
+tidy: ## go mod tidy, of the core module and of the telemetry SDK tests' own
 	go mod tidy
+	cd $(SDKTEST) && go mod tidy
