@@ -28,6 +28,13 @@
 // is running a span in the calling context (a dispatcher's, typically), so
 // that it joins the submitter's trace.
 //
+// [Traced] wraps a client so that its submits, Dos and Waits run in spans
+// ("send <tool>", a producer span; "do <tool>"; "wait") and are counted
+// ([MetricSubmits]), and its submits inject the trace context themselves:
+//
+//	traced := telemetry.Traced(client, tel)
+//	res, err := traced.SubmitTx(ctx, tx, call)
+//
 // # Spans
 //
 // Each provider call is a span of kind consumer named "process <tool>", and
@@ -41,7 +48,7 @@
 //
 // # Metrics
 //
-// The instruments are named in [MetricProviderCalls] and
-// [MetricProviderCallDuration]; their attributes are pgonce.tool, pgonce.op
-// and pgonce.outcome.
+// The instruments are named in [MetricProviderCalls],
+// [MetricProviderCallDuration] and [MetricSubmits]; their attributes are
+// pgonce.tool, pgonce.op and pgonce.outcome.
 package telemetry

@@ -28,6 +28,11 @@ const (
 	// MetricProviderCallDuration is the duration of provider calls and
 	// lookups, by pgonce.tool, pgonce.op and pgonce.outcome. Unit s.
 	MetricProviderCallDuration = "pgonce.provider.call.duration"
+	// MetricSubmits counts the submits and Dos of a [Client], by
+	// pgonce.tool, pgonce.op ("submit" or "do") and pgonce.outcome
+	// (created, replayed, in_progress, conflict, expired, error; for a Do
+	// the key's state, or retry). Unit {submit}.
+	MetricSubmits = "pgonce.submits"
 )
 
 // Attribute keys of pgonce's spans and metrics.
@@ -63,6 +68,7 @@ type Telemetry struct {
 	propagator propagation.TextMapPropagator
 	calls      metric.Int64Counter
 	duration   metric.Float64Histogram
+	submits    metric.Int64Counter
 }
 
 var _ outbox.Middleware = (*Telemetry)(nil)
@@ -92,11 +98,18 @@ func New(config Config) (*Telemetry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %s: %w", MetricProviderCallDuration, err)
 	}
+	submits, err := meter.Int64Counter(MetricSubmits,
+		metric.WithDescription("Submits and Dos of pgonce keys, by outcome."),
+		metric.WithUnit("{submit}"))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %s: %w", MetricSubmits, err)
+	}
 	return &Telemetry{
 		tracer:     config.TracerProvider.Tracer(ScopeName),
 		propagator: config.Propagator,
 		calls:      calls,
 		duration:   duration,
+		submits:    submits,
 	}, nil
 }
 
