@@ -88,6 +88,10 @@ bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_
 bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS finished keys (default 10000000) and at 10000, PGONCE_BENCH_SCALE_REPS times (default 5)
 	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
 
+.PHONY: bench-telemetry
+bench-telemetry: ## Compare the drain's throughput with the telemetry middleware over the OpenTelemetry SDK and without it, 6 counts
+	cd $(SDKTEST) && go test -run='^$$' -bench='^BenchmarkDrainTelemetry$$' -benchtime=4x -count=6 -timeout=30m .
+
 .PHONY: tidy
 tidy: ## go mod tidy, of the core module and of the telemetry SDK tests' own
 	go mod tidy
