@@ -43,7 +43,8 @@
 // messaging.operation.type "process", messaging.destination.name the tool,
 // messaging.message.id the key) and pgonce.key, pgonce.tool, pgonce.attempt,
 // pgonce.delivery, pgonce.op, pgonce.outcome and pgonce.downstream_key, the
-// idempotency key the provider received. An outcome other than succeeded,
+// idempotency key the provider received (and pgonce.natural_id for a call
+// with one). An outcome other than succeeded,
 // found or not_found sets the span's status to error, with error.type.
 //
 // # Metrics

@@ -44,6 +44,9 @@ const (
 	AttrOp            = attribute.Key("pgonce.op")
 	AttrOutcome       = attribute.Key("pgonce.outcome")
 	AttrDownstreamKey = attribute.Key("pgonce.downstream_key")
+	// AttrNaturalID is the call's natural id, set when it has one: what a
+	// lookup asks the provider about.
+	AttrNaturalID = attribute.Key("pgonce.natural_id")
 )
 
 // Config configures a [Telemetry]. Its zero value works.
@@ -158,6 +161,9 @@ func (t *Telemetry) AroundProvider(ctx context.Context, call *outbox.ProviderCal
 			AttrOp.String(op),
 			AttrDownstreamKey.String(string(req.Key)),
 		),
+	}
+	if req.NaturalID != "" {
+		opts = append(opts, trace.WithAttributes(AttrNaturalID.String(req.NaturalID)))
 	}
 	parent := ctx
 	if len(req.Metadata) > 0 {

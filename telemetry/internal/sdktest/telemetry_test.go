@@ -238,6 +238,9 @@ func testProviderCallMetricsByOutcome[TTx any](t *testing.T, driver drivertest.D
 		{"provision", "lookup", "found"}:     1,
 	}
 	require.Equal(t, want, counts)
+	for _, span := range endedNamed(bundle.spans, "lookup provision") {
+		require.Equal(t, "vm-1", attrs(span.Attributes())[telemetry.AttrNaturalID].AsString())
+	}
 	for s, n := range want {
 		require.Equal(t, uint64(n), durations[s], "%v", s)
 	}
