@@ -17,8 +17,8 @@ import (
 // replays an outcome that an earlier request created.
 const AttrReplayed = attribute.Key("pgonce.replayed")
 
-// Client is an [outbox.Client] whose submits, Dos and Waits run in spans and
-// are counted, and whose submits carry their trace context to the provider
+// Client is an [outbox.Client] whose submits, Dos, Waits and prunes run in
+// spans and are counted, and whose submits carry their trace context to the provider
 // call ([Telemetry.Inject]). Every other method is the embedded client's;
 // pass the embedded client to dispatchers and reconcilers.
 type Client[TTx any] struct {
@@ -27,7 +27,8 @@ type Client[TTx any] struct {
 	tel *Telemetry
 }
 
-// Traced returns client with its submits, Dos and Waits traced by tel.
+// Traced returns client with its submits, Dos, Waits and prunes traced by
+// tel.
 func Traced[TTx any](client *outbox.Client[TTx], tel *Telemetry) *Client[TTx] {
 	return &Client[TTx]{Client: client, tel: tel}
 }
@@ -161,3 +162,31 @@ func errorOutcome(err error) string {
 	}
 	return outcomeError
 }
+
+// Prune is [outbox.Client.Prune] in a span named "prune", a child of ctx's,
+// with the keys it turned into tombstones and the tombstones it deleted as
+// attributes (pgonce.pruned_keys, pgonce.deleted_tombstones) and added to
+// [MetricPruned] (unless opts asks for a dry run, which counts nothing).
+func (c *Client[TTx]) Prune(ctx context.Context, opts *outbox.PruneOpts) (outbox.PruneResult, error) {
+	ctx, span := c.tel.tracer.Start(ctx, "prune")
+	defer span.End()
+	res, err := c.Client.Prune(ctx, opts)
+	span.SetAttributes(AttrPrunedKeys.Int64(res.Keys), AttrDeletedTombstones.Int64(res.Tombstones))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	if opts != nil && opts.DryRun {
+		return res, err
+	}
+	mctx := context.WithoutCancel(ctx)
+	c.tel.pruned.Add(mctx, res.Keys, metric.WithAttributeSet(attribute.NewSet(AttrOp.String("tombstone"))))
+	c.tel.pruned.Add(mctx, res.Tombstones, metric.WithAttributeSet(attribute.NewSet(AttrOp.String("delete"))))
+	return res, err
+}
+
+// Attributes of the prune span.
+const (
+	AttrPrunedKeys        = attribute.Key("pgonce.pruned_keys")
+	AttrDeletedTombstones = attribute.Key("pgonce.deleted_tombstones")
+)

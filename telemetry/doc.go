@@ -28,9 +28,9 @@
 // is running a span in the calling context (a dispatcher's, typically), so
 // that it joins the submitter's trace.
 //
-// [Traced] wraps a client so that its submits, Dos and Waits run in spans
-// ("send <tool>", a producer span; "do <tool>"; "wait") and are counted
-// ([MetricSubmits]), and its submits inject the trace context themselves:
+// [Traced] wraps a client so that its submits, Dos, Waits and prunes run in
+// spans ("send <tool>", a producer span; "do <tool>"; "wait"; "prune") and
+// are counted ([MetricSubmits], [MetricPruned]), and its submits inject the trace context themselves:
 //
 //	traced := telemetry.Traced(client, tel)
 //	res, err := traced.SubmitTx(ctx, tx, call)
@@ -50,6 +50,6 @@
 // # Metrics
 //
 // The instruments are named in [MetricProviderCalls],
-// [MetricProviderCallDuration] and [MetricSubmits]; their attributes are
-// pgonce.tool, pgonce.op and pgonce.outcome.
+// [MetricProviderCallDuration], [MetricSubmits] and [MetricPruned]; their
+// attributes are pgonce.tool, pgonce.op and pgonce.outcome.
 package telemetry

@@ -33,6 +33,10 @@ const (
 	// (created, replayed, in_progress, conflict, expired, error; for a Do
 	// the key's state, or retry). Unit {submit}.
 	MetricSubmits = "pgonce.submits"
+	// MetricPruned counts what a [Client]'s prunes removed, by pgonce.op:
+	// "tombstone" for finished keys turned into tombstones, "delete" for
+	// tombstones deleted. Unit {key}.
+	MetricPruned = "pgonce.pruned"
 )
 
 // Attribute keys of pgonce's spans and metrics.
@@ -72,6 +76,7 @@ type Telemetry struct {
 	calls      metric.Int64Counter
 	duration   metric.Float64Histogram
 	submits    metric.Int64Counter
+	pruned     metric.Int64Counter
 }
 
 var _ outbox.Middleware = (*Telemetry)(nil)
@@ -107,12 +112,19 @@ func New(config Config) (*Telemetry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %s: %w", MetricSubmits, err)
 	}
+	pruned, err := meter.Int64Counter(MetricPruned,
+		metric.WithDescription("Keys turned into tombstones and tombstones deleted by pgonce's pruning."),
+		metric.WithUnit("{key}"))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %s: %w", MetricPruned, err)
+	}
 	return &Telemetry{
 		tracer:     config.TracerProvider.Tracer(ScopeName),
 		propagator: config.Propagator,
 		calls:      calls,
 		duration:   duration,
 		submits:    submits,
+		pruned:     pruned,
 	}, nil
 }
 
