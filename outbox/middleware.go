@@ -91,11 +91,12 @@ const (
 	// ProviderFailed: a permanent failure, or the attempt limit was reached;
 	// the failure is stored.
 	ProviderFailed ProviderOutcome = "failed"
-	// ProviderRetry: a failure that changed nothing, or a lookup that
-	// failed; the key is tried again after backoff.
+	// ProviderRetry: a failure that changed nothing; the key is tried again
+	// after backoff.
 	ProviderRetry ProviderOutcome = "retry"
-	// ProviderAmbiguous: the effect may or may not have happened; the key is
-	// tried again as its [Delivery] allows.
+	// ProviderAmbiguous: the effect may or may not have happened (a call's
+	// uncertain failure, or a lookup that failed); the key is tried again as
+	// its [Delivery] allows.
 	ProviderAmbiguous ProviderOutcome = "ambiguous"
 	// ProviderNeedsReview: nobody can tell whether the effect happened; the
 	// key goes to [StateNeedsReview].

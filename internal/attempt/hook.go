@@ -39,7 +39,8 @@ const (
 // Outcome names what res makes of op, as [Runner.Run] and [Runner.Settle]
 // decide it, given classify to tell errors apart: succeeded, failed, retry,
 // ambiguous (tried again, its effect unknown) or needs_review for a call;
-// found, not_found, failed, retry or needs_review for a lookup.
+// found, not_found, failed, ambiguous (a lookup that failed: the effect is
+// still unknown) or needs_review for a lookup.
 func (op *Op) Outcome(res CallResult, classify func(error) ErrorKind) string {
 	atLimit := op.MaxAttempts > 0 && op.Request.Attempt >= op.MaxAttempts
 	if op.Lookup {
@@ -55,7 +56,8 @@ func (op *Op) Outcome(res CallResult, classify func(error) ErrorKind) string {
 		case atLimit:
 			return OutcomeFailed
 		}
-		return OutcomeRetry
+		// The earlier attempt's effect is still unknown.
+		return OutcomeAmbiguous
 	}
 	if res.Err == nil {
 		return OutcomeSucceeded
