@@ -8,6 +8,9 @@ GOBIN ?= $(shell go env GOPATH)/bin
 FAULTS_SUMMARY := $(CURDIR)/faults-summary.txt
 SQLC          := $(GOBIN)/sqlc
 GOLANGCI_LINT := $(GOBIN)/golangci-lint
+# The telemetry package's tests with the OpenTelemetry SDK: a module of its
+# own, never released, so that the SDK stays out of pgonce's go.mod.
+SDKTEST       := telemetry/internal/sdktest
 
 .DEFAULT_GOAL := help
 
@@ -30,10 +33,13 @@ verify: tools ## Fail when generated code is stale, code is unformatted or vet c
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: files above need formatting'; exit 1; }
 	go vet ./...
 	go mod verify
+	cd $(SDKTEST) && go vet ./... && go mod verify
+	@! go list -deps -test ./... | grep -x 'go.opentelemetry.io/otel/sdk.*' || { echo 'the OpenTelemetry SDK must stay out of the core module: test telemetry with it in $(SDKTEST)'; exit 1; }
 
 .PHONY: lint
 lint: tools ## Run golangci-lint
 	$(GOLANGCI_LINT) run ./...
+	cd $(SDKTEST) && $(GOLANGCI_LINT) run ./...
 
 .PHONY: setup
 setup: ## Start or install PostgreSQL and install what the tests need when missing (.ci/setup)
@@ -43,6 +49,7 @@ setup: ## Start or install PostgreSQL and install what the tests need when missi
 test: setup ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see README)
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 ./...
+	cd $(SDKTEST) && go test -race -count=1 ./...
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
 
 .PHONY: faults
@@ -54,6 +61,7 @@ faults: ## Run the fault campaign's long profile (as root: it makes private clus
 .PHONY: test/short
 test/short: ## Run the tests without the race detector
 	go test -count=1 ./...
+	cd $(SDKTEST) && go test -count=1 ./...
 
 # Each fuzz target runs for FUZZTIME; plain `go test` runs only the seed
 # corpora in testdata/fuzz, which is what CI does.
@@ -84,6 +92,11 @@ bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_
 bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS finished keys (default 10000000) and at 10000, PGONCE_BENCH_SCALE_REPS times (default 5)
 	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
 
+.PHONY: bench-telemetry
+bench-telemetry: ## Compare the drain's throughput with the telemetry middleware over the OpenTelemetry SDK and without it, 6 counts
+	cd $(SDKTEST) && go test -run='^$$' -bench='^BenchmarkDrainTelemetry$$' -benchtime=4x -count=6 -timeout=30m .
+
 .PHONY: tidy
-tidy: ## go mod tidy
+tidy: ## go mod tidy, of the core module and of the telemetry SDK tests' own
 	go mod tidy
+	cd $(SDKTEST) && go mod tidy

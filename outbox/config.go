@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -161,6 +162,13 @@ type Config struct {
 	// Pooling is [PoolingTransaction], when nobody listens.
 	ListenConnectFunc func(ctx context.Context) (*pgx.Conn, error)
 
+	// Middleware runs around every provider call and lookup of the client's
+	// tools, made by [Client.Do], by dispatchers and by reconcilers over the
+	// client, the first outermost, outside each tool's own
+	// [ToolOpts.Middleware]. The slice is copied. A nil entry is an
+	// [ErrInvalidConfig]. Defaults to none.
+	Middleware []Middleware
+
 	// NowFunc returns the current time for timestamps written by pgonce. nil
 	// means the database's clock, which is what production should use;
 	// tests set it to move time. Leases always follow the database's clock
@@ -185,6 +193,7 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.Middleware = slices.Clone(c.Middleware)
 	return c
 }
 
@@ -193,6 +202,8 @@ func (c Config) validate() error {
 		return err
 	}
 	switch {
+	case slices.Contains(c.Middleware, nil):
+		return fmt.Errorf("%w: Middleware must not hold nil", ErrInvalidConfig)
 	case c.CallTimeout < 0:
 		return fmt.Errorf("%w: CallTimeout must not be negative", ErrInvalidConfig)
 	case c.Lease < c.CallTimeout+LeaseMarginMin:

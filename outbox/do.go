@@ -63,7 +63,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		return res, err // an expired key's Result comes with ErrExpired
 	}
 	a := attempt.Attempt{
-		Tool:    attemptTool(tool, p),
+		Tool:    attemptTool(tool, p, c.config.Middleware),
 		Request: attempt.Request{Key: string(d.Key), NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args, Metadata: sub.metadata},
 		Lease:   c.config.Lease,
 	}

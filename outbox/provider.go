@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -106,6 +107,9 @@ type ToolOpts struct {
 	// Retention is how long a finished key of this tool, with its response,
 	// is kept. Zero means [Config.Retention].
 	Retention time.Duration
+	// Middleware runs around every call and lookup of this tool, inside the
+	// client's [Config.Middleware], the first outermost. Defaults to none.
+	Middleware []Middleware
 }
 
 // Tool is a registered tool.
@@ -161,6 +165,10 @@ func (r *Registry) RegisterWithOpts(tool string, p Provider, d Delivery, opts *T
 		return fmt.Errorf("%w: tool %q: a LookupByNaturalID provider must implement outbox.Lookuper", ErrInvalidRegistration, tool)
 	}
 	optsCopy := *opts
+	optsCopy.Middleware = slices.Clone(opts.Middleware)
+	if slices.Contains(optsCopy.Middleware, nil) {
+		return fmt.Errorf("%w: tool %q: middleware must not be nil", ErrInvalidRegistration, tool)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.tools == nil {

@@ -38,7 +38,7 @@ func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {
 			if tool == nil {
 				return nil
 			}
-			return attemptTool(tool, nil)
+			return attemptTool(tool, nil, c.config.Middleware)
 		},
 		Classify:      classifyError,
 		FailureBody:   failureBody,
@@ -47,8 +47,9 @@ func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {
 }
 
 // attemptTool adapts a registered tool to the attempt machinery; p, when not
-// nil, replaces its provider.
-func attemptTool(tool *Tool, p Provider) *attempt.Tool {
+// nil, replaces its provider. The client's middleware runs outside the
+// tool's.
+func attemptTool(tool *Tool, p Provider, middleware []Middleware) *attempt.Tool {
 	if p == nil {
 		p = tool.Provider
 	}
@@ -60,6 +61,7 @@ func attemptTool(tool *Tool, p Provider) *attempt.Tool {
 		Delivery:     attemptDelivery(tool.Delivery),
 		KeyRetention: tool.Opts.KeyRetention,
 		Retention:    tool.Opts.Retention,
+		Wrap:         wrapFunc(middleware, tool.Opts.Middleware),
 	}
 	if lookuper, ok := p.(Lookuper); ok {
 		t.Lookup = func(ctx context.Context, req attempt.Request) (json.RawMessage, bool, error) {

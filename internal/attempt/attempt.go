@@ -64,6 +64,11 @@ type Tool struct {
 	// Retention, when positive, replaces [Config.Retention] for the tool's
 	// keys.
 	Retention time.Duration
+	// Wrap, when set, runs every call and lookup of the tool: it calls next
+	// to reach the provider, or returns without it to refuse. The runner
+	// classifies what it returns as it would the provider's own answer, and
+	// a panic in it counts as a provider's.
+	Wrap func(ctx context.Context, op *Op, next func(ctx context.Context) CallResult) CallResult
 }
 
 // ErrorKind classifies a provider's error.
@@ -289,7 +294,7 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 		}
 	}
 
-	resp, err := r.call(ctx, tool, a.Request)
+	resp, err := r.call(ctx, tool, &Op{Request: a.Request, Delivery: tool.Delivery, MaxAttempts: a.MaxAttempts})
 	if err == nil {
 		return out.succeeded(resp)
 	}
@@ -351,7 +356,7 @@ func (r *Runner) Settle(ctx context.Context, a Attempt) (Settlement, json.RawMes
 		return SettleReview, nil, errors.New("an earlier attempt's outcome is unknown, and an at-most-once tool is never tried again")
 	case tool.Delivery == ByLookup || (pastKeyWindow && tool.Lookup != nil):
 		// Read before write: the earlier attempt may have acted.
-		resp, found, err := r.lookup(ctx, tool, a.Request)
+		resp, found, err := r.lookup(ctx, tool, &Op{Lookup: true, Request: a.Request, Delivery: tool.Delivery, MaxAttempts: a.MaxAttempts})
 		switch {
 		case err != nil && r.config.Classify(err) == Permanent:
 			return SettleFailed, r.config.FailureBody(err), fmt.Errorf("lookup: %w", err)
@@ -425,7 +430,8 @@ func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous boo
 // call runs the provider under the call timeout and turns a panic into an
 // ambiguous error, logged with its stack: the provider may have acted before
 // it panicked, so a panic is never taken for "nothing happened".
-func (r *Runner) call(ctx context.Context, tool *Tool, req Request) (resp json.RawMessage, err error) {
+func (r *Runner) call(ctx context.Context, tool *Tool, op *Op) (resp json.RawMessage, err error) {
+	req := op.Request
 	ctx, cancel := context.WithTimeout(ctx, r.config.CallTimeout)
 	defer cancel()
 	defer func() {
@@ -435,10 +441,15 @@ func (r *Runner) call(ctx context.Context, tool *Tool, req Request) (resp json.R
 			err = r.config.AmbiguousFunc(fmt.Errorf("provider panicked: %v", p))
 		}
 	}()
-	return tool.Call(ctx, req)
+	res := wrapped(ctx, tool, op, func(ctx context.Context) CallResult {
+		resp, err := tool.Call(ctx, req)
+		return CallResult{Response: resp, Err: err}
+	})
+	return res.Response, res.Err
 }
 
-func (r *Runner) lookup(ctx context.Context, tool *Tool, req Request) (resp json.RawMessage, found bool, err error) {
+func (r *Runner) lookup(ctx context.Context, tool *Tool, op *Op) (resp json.RawMessage, found bool, err error) {
+	req := op.Request
 	ctx, cancel := context.WithTimeout(ctx, r.config.CallTimeout)
 	defer cancel()
 	defer func() {
@@ -451,7 +462,11 @@ func (r *Runner) lookup(ctx context.Context, tool *Tool, req Request) (resp json
 	if tool.Lookup == nil {
 		return nil, false, errors.New("the provider cannot look up")
 	}
-	return tool.Lookup(ctx, req)
+	res := wrapped(ctx, tool, op, func(ctx context.Context) CallResult {
+		resp, found, err := tool.Lookup(ctx, req)
+		return CallResult{Response: resp, Found: found, Err: err}
+	})
+	return res.Response, res.Found, res.Err
 }
 
 // errorText is err's text, made safe to store (see [SanitizeText]).
