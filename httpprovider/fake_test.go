@@ -21,6 +21,11 @@ const (
 	fault429      = "429"      // do not act; answer 429 with Retry-After: 1
 	faultDeclined = "declined" // answer 402, stored and replayed like a success
 	faultSlow     = "slow"     // act, then hold the answer until released
+	// faultHold acts, then holds the answer until released, and holds every
+	// later request with the key (answered 409 in the end) until released or
+	// its caller goes away: the key has a call in flight at the API for as
+	// long as any caller keeps asking.
+	faultHold = "hold"
 )
 
 // fakeProvider behaves like a payment API that honours Idempotency-Key: it
@@ -32,7 +37,8 @@ type fakeProvider struct {
 	byKey    map[string]*fakeEntry
 	effects  map[string]int // actions taken, by key
 	requests map[string][]time.Time
-	release  chan struct{} // closed to let faultSlow answers go
+	release  chan struct{}              // closed to let faultSlow and faultHold answers go
+	held     map[*http.Request]struct{} // faultHold requests being held
 
 	server *httptest.Server
 }
@@ -40,7 +46,8 @@ type fakeProvider struct {
 type fakeEntry struct {
 	body    []byte // the request body first seen with the key
 	running bool
-	status  int // the stored answer; 0 while none
+	hold    bool // the key's first request had faultHold
+	status  int  // the stored answer; 0 while none
 	answer  []byte
 	reqID   string
 }
@@ -52,6 +59,7 @@ func newFakeProvider(t *testing.T) *fakeProvider {
 		effects:  map[string]int{},
 		requests: map[string][]time.Time{},
 		release:  make(chan struct{}),
+		held:     map[*http.Request]struct{}{},
 	}
 	f.server = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(func() {
@@ -95,7 +103,11 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"error":"key reused with another request"}`))
 		return
 	case entry != nil && entry.running:
+		hold, release := entry.hold, f.release
 		f.mu.Unlock()
+		if hold {
+			f.hold(r, release)
+		}
 		w.Header().Set("Retry-After", "0")
 		w.WriteHeader(http.StatusConflict)
 		_, _ = w.Write([]byte(`{"error":"in progress"}`))
@@ -114,7 +126,7 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 		return
 	}
-	entry = &fakeEntry{body: body, running: true, reqID: fmt.Sprintf("req_%d", len(f.byKey)+1)}
+	entry = &fakeEntry{body: body, running: true, hold: args.Fault == faultHold, reqID: fmt.Sprintf("req_%d", len(f.byKey)+1)}
 	f.byKey[key] = entry
 	if args.Fault == faultDeclined {
 		entry.status, entry.answer = http.StatusPaymentRequired, []byte(`{"error": {"code": "card_declined"}}`+"\n")
@@ -128,6 +140,10 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 
 	if first && args.Fault == faultSlow {
 		<-release
+	}
+	if entry.hold {
+		f.hold(r, release)
+		<-release // the key stays running even when its caller went away
 	}
 	f.mu.Lock()
 	entry.running = false
@@ -149,6 +165,37 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Request-Id", reqID)
 	w.WriteHeader(status)
 	_, _ = w.Write(answer)
+}
+
+// hold holds r until release is closed or r's caller goes away, counted
+// by liveHeld meanwhile.
+func (f *fakeProvider) hold(r *http.Request, release <-chan struct{}) {
+	f.mu.Lock()
+	f.held[r] = struct{}{}
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.held, r)
+		f.mu.Unlock()
+	}()
+	select {
+	case <-release:
+	case <-r.Context().Done():
+	}
+}
+
+// liveHeld returns how many faultHold keys have a request held whose
+// caller is still connected.
+func (f *fakeProvider) liveHeld() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keys := map[string]bool{}
+	for r := range f.held {
+		if r.Context().Err() == nil {
+			keys[r.Header.Get("Idempotency-Key")] = true
+		}
+	}
+	return len(keys)
 }
 
 // effectsOf returns how many times the fake acted for key.
