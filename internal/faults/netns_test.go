@@ -1,7 +1,6 @@
 package faults_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -140,8 +140,10 @@ func (h *host) heal() { ipRun(h.t, "link", "set", h.hostSide, "up") }
 type child struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stdout *bytes.Buffer
-	stderr *bytes.Buffer
+	stdout *syncBuffer
+	stderr *syncBuffer
+	// release, for a holding dispatcher, lets its held calls answer.
+	release func()
 }
 
 // stopSubmitter stops a submitting child and adds the history it wrote to
@@ -149,7 +151,7 @@ type child struct {
 func (c *child) stopSubmitter(t *testing.T, history *faults.History) {
 	t.Helper()
 	c.stop(t)
-	decoder := json.NewDecoder(c.stdout)
+	decoder := json.NewDecoder(strings.NewReader(c.stdout.String()))
 	added := 0
 	for decoder.More() {
 		var e faults.Entry
@@ -165,17 +167,34 @@ func (c *child) stopSubmitter(t *testing.T, history *faults.History) {
 // schema, as worker, whose ledger calls take latency.
 func (h *host) startDispatcher(schema, worker string, latency time.Duration) *child {
 	h.t.Helper()
-	return h.startChild(schema, worker, latency)
+	return h.startChild(schema, worker, latency, nil)
 }
 
 // startSubmitter starts a submitting process in h's namespace over schema,
 // whose calls carry runID; [child.stopSubmitter] collects its history.
 func (h *host) startSubmitter(schema, runID string) *child {
 	h.t.Helper()
-	return h.startChild(schema, "submitter", 0, childSubmitEnv+"="+runID)
+	return h.startChild(schema, "submitter", 0, nil, childSubmitEnv+"="+runID)
 }
 
-func (h *host) startChild(schema, worker string, latency time.Duration, env ...string) *child {
+// startHoldingDispatcher starts a dispatcher as [host.startDispatcher]
+// does, whose first n calls, once they acted, wait to answer until
+// [child.release]; its standard output reports them (see [holdEvent]).
+func (h *host) startHoldingDispatcher(schema, worker string, latency time.Duration, n int) *child {
+	h.t.Helper()
+	gate, release, err := os.Pipe()
+	require.NoError(h.t, err)
+	c := h.startChild(schema, worker, latency, []*os.File{gate}, childHoldEnv+"="+strconv.Itoa(n))
+	_ = gate.Close() // the child's copy stays open
+	var once sync.Once
+	c.release = func() { once.Do(func() { _ = release.Close() }) }
+	h.t.Cleanup(c.release)
+	return c
+}
+
+// startChild starts a child of the test binary in h's namespace; extra
+// become its file descriptors 3, 4, ….
+func (h *host) startChild(schema, worker string, latency time.Duration, extra []*os.File, env ...string) *child {
 	h.t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", h.ns, os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
 	cmd.Env = append(os.Environ(),
@@ -186,7 +205,8 @@ func (h *host) startChild(schema, worker string, latency time.Duration, env ...s
 		childLatencyEnv+"="+latency.String(),
 		childMaxConnsEnv+"=4")
 	cmd.Env = append(cmd.Env, env...)
-	c := &child{cmd: cmd, stderr: &bytes.Buffer{}, stdout: &bytes.Buffer{}}
+	cmd.ExtraFiles = extra
+	c := &child{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}}
 	cmd.Stderr, cmd.Stdout = c.stderr, c.stdout
 	var err error
 	c.stdin, err = cmd.StdinPipe()
@@ -218,9 +238,13 @@ func (c *child) stop(t *testing.T) {
 // TestPartitionedHost runs two dispatcher processes on hosts of their own
 // (network namespaces) while the test's host submits, cuts one host's link
 // mid-load for longer than a lease, and restores it. The keys the
-// partitioned host held are taken over once their leases expire; its late
-// writes, arriving after the link is back, change nothing; and the history
-// holds: no call twice, none lost.
+// partitioned host held are taken over once their leases expire; the calls
+// its process held in flight across the cut answer only after the link is
+// back, and what that process then tries to record is refused by the
+// attempt fence (or, on a connection the cut broke, fails and is not tried
+// again past the lease): it writes nothing, and each such key keeps a later
+// attempt's outcome; the outcomes it could send for its old attempts
+// change nothing either; and the history holds: no call twice, none lost.
 func TestPartitionedHost(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -229,9 +253,12 @@ func TestPartitionedHost(t *testing.T) {
 
 	cut := newHost(t, databaseAddr)
 	other := newHost(t, databaseAddr)
-	// The partitioned host's calls are slow, so that it holds keys when
-	// its link goes.
-	partitioned := cut.startDispatcher(b.schema, "netns-cut", 300*time.Millisecond)
+	// The partitioned host's calls are slow, and its first calls (as many
+	// as its dispatcher runs at once) act and then hold their answers until
+	// the test lets them go, after the link is back and their leases were
+	// taken over: its process has them in flight throughout.
+	heldCalls := dispatcherConfig().Concurrency
+	partitioned := cut.startHoldingDispatcher(b.schema, "netns-cut", 300*time.Millisecond, heldCalls)
 	survivor := other.startDispatcher(b.schema, "netns-other", 2*time.Millisecond)
 	// The partitioned host submits too: its transactions in flight at the
 	// cut end rolled back, committed or unknown, and its history says which.
@@ -254,8 +281,22 @@ func TestPartitionedHost(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return keys
 	}
-	require.Eventually(t, func() bool { return len(held()) > 0 }, time.Minute, 10*time.Millisecond,
-		"the host to be partitioned must hold leases")
+	// inFlight is what the partitioned process reports holding: key →
+	// the attempt its call runs.
+	inFlight := func() map[string]int32 {
+		keys := map[string]int32{}
+		for _, e := range holdEvents(partitioned.stdout.String()) {
+			if e.Event == "held" {
+				keys[e.Key] = int32(e.Attempt) //nolint:gosec // a small attempt number
+			}
+		}
+		return keys
+	}
+	// With more than half its slots held, the dispatcher claims no more
+	// (it claims once half its slots are free) until they answer.
+	minHeld := heldCalls/2 + 1
+	require.Eventually(t, func() bool { return len(inFlight()) >= minHeld && len(held()) > 0 }, time.Minute, 10*time.Millisecond,
+		"the host to be partitioned must hold leases, and %d calls in flight: %s\n%s", minHeld, partitioned.stdout, partitioned.stderr)
 
 	cut.partition()
 	tally.Fault("netns_partition")
@@ -266,30 +307,105 @@ func TestPartitionedHost(t *testing.T) {
 	require.NotEmpty(t, stranded)
 	stopReconcile := b.runReconciler(t)
 
-	// Its leases are taken over: every key it held is attempted again
-	// (or finished) by another worker while the link is down.
-	takenOver := func() bool {
+	// Its leases are taken over: every key it held, and every key its
+	// held calls run, is attempted again (or finished) by another worker
+	// while the link is down.
+	takenOver := func(keys map[string]int32) bool {
 		rows, err := b.direct.Query(ctx, `SELECT encode(key, 'hex'), attempt, coalesce(worker, '') FROM `+table+
-			` WHERE encode(key, 'hex') = ANY($1::text[])`, keysOf(stranded))
+			` WHERE encode(key, 'hex') = ANY($1::text[])`, keysOf(keys))
 		require.NoError(t, err)
 		defer rows.Close()
 		for rows.Next() {
 			var key, worker string
 			var attempt int32
 			require.NoError(t, rows.Scan(&key, &attempt, &worker))
-			if attempt == stranded[key] && strings.HasPrefix(worker, "netns-cut:") {
+			if attempt == keys[key] && strings.HasPrefix(worker, "netns-cut:") {
 				return false
 			}
 		}
 		require.NoError(t, rows.Err())
 		return true
 	}
-	require.Eventually(t, takenOver, time.Minute, 20*time.Millisecond,
-		"the partitioned host's leases must be taken over after they expire")
+	// The calls it holds are final once the link is down: one that had not
+	// acted by then fails at its deadline.
+	var heldAtCut map[string]int32
+	require.Eventually(t, func() bool {
+		heldAtCut = inFlight()
+		return takenOver(stranded) && takenOver(heldAtCut)
+	}, time.Minute, 20*time.Millisecond, "the partitioned host's leases must be taken over after they expire")
 	t.Logf("%d leases of the partitioned host taken over %s after the cut", len(stranded), time.Since(cutAt).Round(time.Millisecond))
 
+	// The link comes back, and only then do the held calls answer: the
+	// partitioned process records their outcomes late, over the healed
+	// link. Every held call answers, and each one's outcome goes into
+	// exactly one recording statement: the attempt is past its lease, so
+	// [attempt.Runner.Record] tries once and never again. That statement
+	// is fenced by the attempt and writes none of them.
 	cut.heal()
-	time.Sleep(time.Second) // the healed host works again, its late writes arrive
+	partitioned.release()
+	lateRecords := func() (answered map[string]bool, recorded map[string][]holdEvent) {
+		answered, recorded = map[string]bool{}, map[string][]holdEvent{}
+		for _, e := range holdEvents(partitioned.stdout.String()) {
+			switch e.Event {
+			case "answered":
+				answered[e.Key] = true
+			case "record":
+				for _, key := range e.Keys {
+					recorded[key] = append(recorded[key], e)
+				}
+			}
+		}
+		return answered, recorded
+	}
+	require.Eventually(t, func() bool {
+		answered, recorded := lateRecords()
+		return len(answered) == len(heldAtCut) && len(recorded) == len(heldAtCut)
+	}, time.Minute, 10*time.Millisecond, "the held calls must answer and the partitioned process try to record them")
+	answered, recorded := lateRecords()
+	refused, failed := 0, 0
+	for key, attempt := range heldAtCut {
+		require.True(t, answered[key], "held call of key %s must answer", key)
+		require.Len(t, recorded[key], 1, "key %s: one late recording statement, never retried past the lease", key)
+		e := recorded[key][0]
+		for i, k := range e.Keys {
+			if k == key {
+				require.Equal(t, int(attempt), e.Attempts[i], "key %s: the late record carries the held attempt", key)
+			}
+		}
+		switch {
+		case e.Error != "":
+			failed++ // the statement failed on a connection the partition broke
+		case e.Others == 0:
+			require.Zero(t, e.Rows, "late record of %v must write nothing: %+v", e.Keys, e)
+			refused++
+		default:
+			// Other calls' outcomes shared the statement: it wrote at most
+			// theirs.
+			require.LessOrEqual(t, e.Rows, int64(e.Others), "late record of %v must write nothing: %+v", e.Keys, e)
+			refused++
+		}
+	}
+	t.Logf("late records of the %d held calls: %d refused by the attempt fence, %d failed and not retried past the lease",
+		len(heldAtCut), refused, failed)
+	// What the database holds for each held key is the takeover's: a later
+	// attempt, which the fenced late statement could not have written.
+	lateState := map[string]int32{}
+	rows, err := b.direct.Query(ctx, `SELECT encode(key, 'hex'), attempt FROM `+table+
+		` WHERE encode(key, 'hex') = ANY($1::text[])`, keysOf(heldAtCut))
+	require.NoError(t, err)
+	for rows.Next() {
+		var key string
+		var attempt int32
+		require.NoError(t, rows.Scan(&key, &attempt))
+		lateState[key] = attempt
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
+	require.Len(t, lateState, len(heldAtCut))
+	for key, attempt := range heldAtCut {
+		require.Greater(t, lateState[key], attempt, "key %s: the stored outcome must be a later attempt's", key)
+	}
+
 	stopSubmit()
 	stopReconcile()
 	submitter.stopSubmitter(t, b.history)
@@ -306,7 +422,7 @@ func TestPartitionedHost(t *testing.T) {
 	require.NoError(t, err)
 	before := map[string]outbox.Result{}
 	var late []store.Outcome
-	rows, err := b.direct.Query(ctx, `SELECT encode(key, 'hex'), attempt FROM `+table+
+	rows, err = b.direct.Query(ctx, `SELECT encode(key, 'hex'), attempt FROM `+table+
 		` WHERE encode(key, 'hex') = ANY($1::text[])`, keysOf(stranded))
 	require.NoError(t, err)
 	for rows.Next() {

@@ -10,10 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/dispatcher"
@@ -58,8 +60,20 @@ func runChild() int {
 		if maxConns := os.Getenv(childMaxConnsEnv); maxConns != "" {
 			url += "&pool_max_conns=" + maxConns
 		}
-		pool, err := faults.NewPool(ctx, url, os.Getenv(childAppEnv))
-		if err != nil {
+		var holds *holder
+		var pool *pgxpool.Pool
+		var err error
+		if n := os.Getenv(childHoldEnv); n != "" {
+			maxHeld, err := strconv.Atoi(n)
+			if err != nil {
+				return err
+			}
+			holds = newHolder(maxHeld)
+			pool, err = newTracedPool(ctx, url, os.Getenv(childAppEnv), holds)
+			if err != nil {
+				return err
+			}
+		} else if pool, err = faults.NewPool(ctx, url, os.Getenv(childAppEnv)); err != nil {
 			return err
 		}
 		defer pool.Close()
@@ -69,6 +83,9 @@ func runChild() int {
 			if ledger.Latency, err = time.ParseDuration(latency); err != nil {
 				return err
 			}
+		}
+		if holds != nil {
+			ledger.HoldFunc = holds.hold
 		}
 		registry, err := ledger.Registry(nil)
 		if err != nil {
