@@ -168,11 +168,14 @@ func submitBulk(tb testing.TB, client *outbox.Client[pgx.Tx], pool *pgxpool.Pool
 }
 
 // drainConfig is the dispatcher of every drain: no-op calls are cheap, so
-// many slots and big batches make few, large transactions.
+// many slots and big batches make few, large transactions. Maintenance is
+// off: each drain starts a dispatcher, which would otherwise be elected
+// and reconcile and prune beside the claims it times.
 var drainConfig = dispatcher.Config{
-	Concurrency:  512,
-	BatchSize:    512,
-	PollInterval: 100 * time.Millisecond,
+	Concurrency:         512,
+	BatchSize:           512,
+	PollInterval:        100 * time.Millisecond,
+	MaintenanceDisabled: true,
 }
 
 // drain runs a dispatcher over client until count outcomes are recorded in
