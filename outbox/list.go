@@ -157,29 +157,21 @@ func (c *Client[TTx]) listParams(params ListParams) (*store.ListParams, error) {
 }
 
 func (c *Client[TTx]) listedKey(row *store.ListedKey) ListedKey {
-	res := Result{
-		Key:       Key(row.Key),
-		Tool:      row.Tool,
-		Attempts:  row.Attempt,
-		CreatedAt: row.CreatedAt,
-		UpdatedAt: row.UpdatedAt,
-	}
-	if row.CompletedAt != nil {
-		res.CompletedAt = *row.CompletedAt
-	}
-	if row.LastError != nil {
-		res.LastError = *row.LastError
-	}
-	switch row.State {
-	case dbStateOpen:
-		res.State = StatePending
-		if row.LeaseUntil != nil {
-			res.State = StateInFlight
-		}
-		res.RetryAfter = retryAfter(res.State, row.Now, row.AvailableAt, row.LeaseUntil)
-	default:
-		res.State = State(row.State)
-	}
+	// A listed key is read without its response or failure: the same
+	// Result as a read of the key, less those bytes.
+	res := c.resultFromRow(&store.KeyRow{
+		Key:         row.Key,
+		State:       row.State,
+		Tool:        row.Tool,
+		Attempt:     row.Attempt,
+		CreatedAt:   row.CreatedAt,
+		UpdatedAt:   row.UpdatedAt,
+		CompletedAt: row.CompletedAt,
+		LastError:   row.LastError,
+		AvailableAt: row.AvailableAt,
+		LeaseUntil:  row.LeaseUntil,
+		Now:         row.Now,
+	}, false)
 	return ListedKey{Result: res, Tenant: row.Tenant, RunID: row.RunID, Step: row.Step, BusinessKey: row.BusinessKey}
 }
 
