@@ -39,13 +39,13 @@
 //
 // Each provider call is a span of kind consumer named "process <tool>", and
 // each lookup one named "lookup <tool>", with the messaging attributes of the
-// semantic conventions (messaging.system "pgonce", messaging.operation.name,
-// messaging.operation.type "process", messaging.destination.name the tool,
-// messaging.message.id the key) and pgonce.key, pgonce.tool, pgonce.attempt,
-// pgonce.delivery, pgonce.op, pgonce.outcome and pgonce.downstream_key, the
-// idempotency key the provider received (and pgonce.natural_id for a call
-// with one). An outcome other than succeeded,
-// found or not_found sets the span's status to error, with error.type.
+// semantic conventions (messaging.system "pgonce", messaging.operation.name
+// "call" or "lookup", messaging.destination.name the tool) and pgonce.key
+// (the key the provider received, to pass downstream), pgonce.tool,
+// pgonce.attempt, pgonce.delivery and pgonce.outcome (and pgonce.natural_id
+// for a call with one). An outcome other than succeeded, found or not_found
+// sets the span's status to error, with error.type. The attributes are set
+// when the call returns: a sampler sees the span's name and kind only.
 //
 // # Metrics
 //

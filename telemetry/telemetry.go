@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -41,13 +43,14 @@ const (
 
 // Attribute keys of pgonce's spans and metrics.
 const (
-	AttrKey           = attribute.Key("pgonce.key")
-	AttrTool          = attribute.Key("pgonce.tool")
-	AttrAttempt       = attribute.Key("pgonce.attempt")
-	AttrDelivery      = attribute.Key("pgonce.delivery")
-	AttrOp            = attribute.Key("pgonce.op")
-	AttrOutcome       = attribute.Key("pgonce.outcome")
-	AttrDownstreamKey = attribute.Key("pgonce.downstream_key")
+	// AttrKey is the call's key; on a provider call's span, also the key
+	// the provider received to pass downstream.
+	AttrKey      = attribute.Key("pgonce.key")
+	AttrTool     = attribute.Key("pgonce.tool")
+	AttrAttempt  = attribute.Key("pgonce.attempt")
+	AttrDelivery = attribute.Key("pgonce.delivery")
+	AttrOp       = attribute.Key("pgonce.op")
+	AttrOutcome  = attribute.Key("pgonce.outcome")
 	// AttrNaturalID is the call's natural id, set when it has one: what a
 	// lookup asks the provider about.
 	AttrNaturalID = attribute.Key("pgonce.natural_id")
@@ -77,6 +80,11 @@ type Telemetry struct {
 	duration   metric.Float64Histogram
 	submits    metric.Int64Counter
 	pruned     metric.Int64Counter
+
+	// tools holds the telemetry of each tool seen so far; toolsMu orders
+	// its replacements.
+	tools   atomic.Pointer[map[string]*toolTelemetry]
+	toolsMu sync.Mutex
 }
 
 var _ outbox.Middleware = (*Telemetry)(nil)
@@ -118,14 +126,16 @@ func New(config Config) (*Telemetry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %s: %w", MetricPruned, err)
 	}
-	return &Telemetry{
+	tel := &Telemetry{
 		tracer:     config.TracerProvider.Tracer(ScopeName),
 		propagator: config.Propagator,
 		calls:      calls,
 		duration:   duration,
 		submits:    submits,
 		pruned:     pruned,
-	}, nil
+	}
+	tel.tools.Store(&map[string]*toolTelemetry{})
+	return tel, nil
 }
 
 // Inject returns call with the trace context of ctx added to a copy of its
@@ -151,37 +161,22 @@ func (t *Telemetry) Inject(ctx context.Context, call outbox.Call) outbox.Call {
 
 // AroundProvider runs one provider call or lookup in a span and measures it.
 // It implements [outbox.Middleware].
+//
+// The span's attributes are set when the call returns, in one go: a sampler
+// sees the span's name and kind, not its attributes. A span that is not
+// recording gets none.
 func (t *Telemetry) AroundProvider(ctx context.Context, call *outbox.ProviderCall, next func(ctx context.Context) outbox.ProviderResult) outbox.ProviderResult {
-	req := call.Request
-	op := call.Op.String()
-	name := "process " + req.Tool
+	req := &call.Request
+	tool := t.tool(req.Tool)
+	name, op := tool.process, opCall
 	if call.Op == outbox.ProviderOpLookup {
-		name = "lookup " + req.Tool
+		name, op = tool.lookup, opLookup
 	}
-	opts := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			semconv.MessagingSystemKey.String("pgonce"),
-			semconv.MessagingOperationName(op),
-			semconv.MessagingOperationTypeProcess,
-			semconv.MessagingDestinationName(req.Tool),
-			semconv.MessagingMessageID(string(req.Key)),
-			AttrKey.String(string(req.Key)),
-			AttrTool.String(req.Tool),
-			AttrAttempt.Int(req.Attempt),
-			AttrDelivery.String(call.Delivery.String()),
-			AttrOp.String(op),
-			AttrDownstreamKey.String(string(req.Key)),
-		),
-	}
-	if req.NaturalID != "" {
-		opts = append(opts, trace.WithAttributes(AttrNaturalID.String(req.NaturalID)))
-	}
-	parent := ctx
+	parent, start := ctx, consumerStart
 	if len(req.Metadata) > 0 {
 		submitted := t.propagator.Extract(context.Background(), propagation.MapCarrier(req.Metadata))
 		if sc := trace.SpanContextFromContext(submitted); sc.IsValid() {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+			start = []trace.SpanStartOption{consumerKind, trace.WithLinks(trace.Link{SpanContext: sc})}
 			if !trace.SpanContextFromContext(ctx).IsValid() {
 				// Nothing in this process is tracing the call: join the
 				// submitter's trace as the conventions allow for a message
@@ -191,34 +186,152 @@ func (t *Telemetry) AroundProvider(ctx context.Context, call *outbox.ProviderCal
 		}
 	}
 	// parent derives from ctx, so the call keeps its deadline and values.
-	ctx, span := t.tracer.Start(parent, name, opts...)
-	defer span.End()
-
-	start := time.Now()
+	ctx, span := t.tracer.Start(parent, name, start...)
+	began := time.Now()
 	res := next(ctx)
-	elapsed := time.Since(start)
+	elapsed := time.Since(began)
 
-	outcome := string(res.Outcome)
-	span.SetAttributes(AttrOutcome.String(outcome))
+	if span.IsRecording() {
+		t.endProviderSpan(span, call, op, res)
+	}
+	span.End()
+	// Measurements outlive a cancelled call: record them regardless.
+	mctx := ctx
+	if ctx.Err() != nil {
+		mctx = context.WithoutCancel(ctx)
+	}
+	measure := tool.measurement(op, res.Outcome)
+	t.calls.Add(mctx, 1, measure)
+	t.duration.Record(mctx, elapsed.Seconds(), measure)
+	return res
+}
+
+// endProviderSpan sets a provider span's attributes and status, all in one
+// call: the SDK then grows the span's attributes once.
+func (*Telemetry) endProviderSpan(span trace.Span, call *outbox.ProviderCall, op int, res outbox.ProviderResult) {
+	req := &call.Request
+	// Eight attributes on the way of a call that succeeds: the SDK then
+	// deduplicates them without allocating.
+	buf := attrBuffers.Get().(*[10]attribute.KeyValue)
+	defer func() {
+		clear(buf[:])
+		attrBuffers.Put(buf)
+	}()
+	attrs := append(buf[:0],
+		messagingSystem,
+		opNames[op],
+		semconv.MessagingDestinationName(req.Tool),
+		AttrKey.String(string(req.Key)),
+		AttrTool.String(req.Tool),
+		AttrAttempt.Int(req.Attempt),
+		AttrDelivery.String(call.Delivery.String()),
+		AttrOutcome.String(string(res.Outcome)),
+	)
+	if req.NaturalID != "" {
+		attrs = append(attrs, AttrNaturalID.String(req.NaturalID))
+	}
 	switch res.Outcome {
 	case outbox.ProviderSucceeded, outbox.ProviderFound, outbox.ProviderNotFound:
-	default:
-		span.SetAttributes(semconv.ErrorTypeKey.String(outcome))
-		if res.Err != nil {
-			span.RecordError(res.Err)
-			span.SetStatus(codes.Error, res.Err.Error())
-		} else {
-			span.SetStatus(codes.Error, outcome)
+		span.SetAttributes(attrs...)
+		return
+	}
+	span.SetAttributes(append(attrs, semconv.ErrorTypeKey.String(string(res.Outcome)))...)
+	if res.Err != nil {
+		span.RecordError(res.Err)
+		span.SetStatus(codes.Error, res.Err.Error())
+	} else {
+		span.SetStatus(codes.Error, string(res.Outcome))
+	}
+}
+
+// attrBuffers holds the buffers of provider spans' attributes, which the
+// span copies: a buffer on the stack would escape through the span's
+// interface.
+var attrBuffers = sync.Pool{New: func() any { return new([10]attribute.KeyValue) }}
+
+// Provider operations, as indexes.
+const (
+	opCall = iota
+	opLookup
+)
+
+// What every provider span shares, made once.
+var (
+	consumerKind    = trace.WithSpanKind(trace.SpanKindConsumer)
+	consumerStart   = []trace.SpanStartOption{consumerKind}
+	messagingSystem = semconv.MessagingSystemKey.String("pgonce")
+	opNames         = [2]attribute.KeyValue{
+		semconv.MessagingOperationName(outbox.ProviderOpCall.String()),
+		semconv.MessagingOperationName(outbox.ProviderOpLookup.String()),
+	}
+)
+
+// providerOutcomes are the outcomes a provider call or lookup can have, in
+// the order of [toolTelemetry.measurements].
+var providerOutcomes = [...]outbox.ProviderOutcome{
+	outbox.ProviderSucceeded,
+	outbox.ProviderFailed,
+	outbox.ProviderRetry,
+	outbox.ProviderAmbiguous,
+	outbox.ProviderNeedsReview,
+	outbox.ProviderFound,
+	outbox.ProviderNotFound,
+}
+
+// toolTelemetry is what the spans and measurements of one tool's calls
+// share, made once per tool: span names and the attribute sets of its
+// measurements, by operation and outcome.
+type toolTelemetry struct {
+	name         string
+	process      string
+	lookup       string
+	measurements [2][len(providerOutcomes)]metric.MeasurementOption
+}
+
+func newToolTelemetry(name string) *toolTelemetry {
+	tool := &toolTelemetry{name: name, process: "process " + name, lookup: "lookup " + name}
+	for op, opName := range [2]string{outbox.ProviderOpCall.String(), outbox.ProviderOpLookup.String()} {
+		for i, outcome := range providerOutcomes {
+			tool.measurements[op][i] = measurementOf(name, opName, outcome)
 		}
 	}
-	attrs := metric.WithAttributeSet(attribute.NewSet(
-		AttrTool.String(req.Tool),
+	return tool
+}
+
+func measurementOf(tool, op string, outcome outbox.ProviderOutcome) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(
+		AttrTool.String(tool),
 		AttrOp.String(op),
-		AttrOutcome.String(outcome),
+		AttrOutcome.String(string(outcome)),
 	))
-	// Measurements outlive a cancelled call: record them regardless.
-	mctx := context.WithoutCancel(ctx)
-	t.calls.Add(mctx, 1, attrs)
-	t.duration.Record(mctx, elapsed.Seconds(), attrs)
-	return res
+}
+
+// measurement returns the attributes of a measurement of op with outcome.
+func (tool *toolTelemetry) measurement(op int, outcome outbox.ProviderOutcome) metric.MeasurementOption {
+	for i, known := range providerOutcomes {
+		if known == outcome {
+			return tool.measurements[op][i]
+		}
+	}
+	return measurementOf(tool.name, opNames[op].Value.AsString(), outcome)
+}
+
+// tool returns the telemetry of the tool named name, made on its first
+// call. Reads take no lock: the map is replaced, never changed.
+func (t *Telemetry) tool(name string) *toolTelemetry {
+	if tool, ok := (*t.tools.Load())[name]; ok {
+		return tool
+	}
+	t.toolsMu.Lock()
+	defer t.toolsMu.Unlock()
+	tools := *t.tools.Load()
+	if tool, ok := tools[name]; ok {
+		return tool
+	}
+	tool := newToolTelemetry(name)
+	grown := make(map[string]*toolTelemetry, len(tools)+1)
+	maps.Copy(grown, tools)
+	grown[name] = tool
+	t.tools.Store(&grown)
+	return tool
 }
