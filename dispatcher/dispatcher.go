@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
@@ -192,7 +193,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 					// leases held without a recorded outcome never exceed
 					// Concurrency: a crash strands at most that many.
 					recorded := make(chan struct{})
-					outcomes <- pendingOutcome{outcome: out, recorded: recorded}
+					outcomes <- pendingOutcome{outcome: out, metadata: a.Request.Metadata, recorded: recorded}
 					<-recorded
 				}()
 			}
@@ -254,6 +255,9 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attem
 		Lease:  d.client.Config().Lease,
 		Worker: d.workerID,
 	})
+	if obs := d.attempts.Observer(); obs != nil {
+		observeClaim(ctx, obs, claimedAt, limit, rows, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox batch: %w", err)
 	}
@@ -280,10 +284,22 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attem
 	return attempts, nil
 }
 
+// observeClaim tells obs of a claim sent at began.
+func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, limit int, rows []*store.ClaimedKey, err error) {
+	claim := &observe.Claim{Began: began, Ended: time.Now(), Limit: limit, Err: err, Keys: make([]observe.Key, len(rows))}
+	for i, row := range rows {
+		// How long the key waited is not among what the claim returns.
+		claim.Keys[i] = observe.Key{Key: row.Key, Tool: row.Tool, Attempt: row.Attempt, Metadata: row.Metadata, Waited: -1}
+	}
+	obs.Claimed(ctx, claim)
+}
+
 // pendingOutcome is an outcome on its way to be recorded; recorded is
-// closed once the attempt to record it ended.
+// closed once the attempt to record it ended. metadata is the call's, for
+// the observer.
 type pendingOutcome struct {
 	outcome  attempt.Outcome
+	metadata []byte
 	recorded chan struct{}
 }
 
@@ -314,9 +330,14 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 		// Record tries again after transient failures, within the leases,
 		// and logs what an operator must act on (review, failure) to the
 		// dispatcher's logger; retries are logged here, at debug.
-		if _, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch); err != nil {
+		began := time.Now()
+		written, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch)
+		if err != nil {
 			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
 				"error", err, "outcomes", len(batch))
+		}
+		if obs := d.attempts.Observer(); obs != nil {
+			observeRecord(obs, began, pending, written, err)
 		}
 		for _, p := range pending {
 			close(p.recorded)
@@ -326,6 +347,19 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 			}
 		}
 	}
+}
+
+// observeRecord tells obs of a record batch of pending sent at began.
+func observeRecord(obs observe.Observer, began time.Time, pending []pendingOutcome, written map[string]bool, err error) {
+	rec := &observe.Record{Began: began, Ended: time.Now(), Err: err, Keys: make([]observe.Key, len(pending))}
+	for i, p := range pending {
+		o := p.outcome
+		rec.Keys[i] = observe.Key{Key: o.Key, Tool: o.Tool, Attempt: o.Attempt, Metadata: p.metadata, Kind: o.Kind.String(), Waited: -1}
+		if written[o.Key] {
+			rec.Written++
+		}
+	}
+	obs.Recorded(context.Background(), rec)
 }
 
 // backoff returns the delay before the retry after attempt: doubling from

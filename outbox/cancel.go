@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
+	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -72,6 +74,12 @@ func (e *KeyStateError) Unwrap() error { return e.err }
 // [ErrNotCancellable] (a [*KeyStateError]) for a key in any other state;
 // none of these changes anything.
 func (c *Client[TTx]) Cancel(ctx context.Context, key Key, params CancelParams) (Result, error) {
+	return c.operated(ctx, "cancel", key, "", func() (Result, error) {
+		return c.cancel(ctx, key, params)
+	})
+}
+
+func (c *Client[TTx]) cancel(ctx context.Context, key Key, params CancelParams) (Result, error) {
 	if _, err := ParseKey(string(key)); err != nil {
 		return Result{}, err
 	}
@@ -114,6 +122,12 @@ func (c *Client[TTx]) Cancel(ctx context.Context, key Key, params CancelParams) 
 // [ErrNotRetryable] (a [*KeyStateError]) for a key in any other state, a
 // pending or in-flight one included; none of these changes anything.
 func (c *Client[TTx]) Retry(ctx context.Context, key Key, params RetryParams) (Result, error) {
+	return c.operated(ctx, "retry", key, "", func() (Result, error) {
+		return c.retry(ctx, key, params)
+	})
+}
+
+func (c *Client[TTx]) retry(ctx context.Context, key Key, params RetryParams) (Result, error) {
 	if _, err := ParseKey(string(key)); err != nil {
 		return Result{}, err
 	}
@@ -130,6 +144,21 @@ func (c *Client[TTx]) Retry(ctx context.Context, key Key, params RetryParams) (R
 		p.Channel = c.store.WorkChannel
 	}
 	return c.audited(ctx, key, "retry", ErrNotRetryable, func() error { return c.store.Retry(ctx, p) })
+}
+
+// operated runs an operator's resolve, cancel or retry (name) of key, and
+// tells the client's observer of it.
+func (c *Client[TTx]) operated(ctx context.Context, name string, key Key, action string, op func() (Result, error)) (Result, error) {
+	if c.observer == nil {
+		return op()
+	}
+	began := time.Now()
+	res, err := op()
+	c.observer.Operated(ctx, &observe.Operation{
+		Began: began, Ended: time.Now(),
+		Name: name, Key: string(key), Action: action, State: string(res.State), Err: err,
+	})
+	return res, err
 }
 
 // audited runs an audited state change and reads the key back; a change

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgonce/pgonce/internal/attempt"
+	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -25,6 +26,9 @@ type Client[TTx any] struct {
 	store    *store.Store
 	attempts *attempt.Runner
 	waiters  waiters
+	// observer, nil when none, is told of prunes and operator actions (and,
+	// through attempts, of the batches of dispatchers and reconcilers).
+	observer observe.Observer
 
 	// lastNotify is when a submit last notified, in Unix nanoseconds, for
 	// [Config.NotifyCooldown].
@@ -73,7 +77,7 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 	if err != nil {
 		return nil, err
 	}
-	c := &Client[TTx]{config: config, driver: driver, store: driver.Store()}
+	c := &Client[TTx]{config: config, driver: driver, store: driver.Store(), observer: observe.Of(config.Middleware)}
 	c.store.ListenOver(config.ListenConnectFunc, config.Pooling == PoolingTransaction)
 	c.attempts = newRunner(c)
 	return c, nil

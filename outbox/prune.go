@@ -49,6 +49,16 @@ type PruneResult struct {
 // when a key finishes, from its tool's [ToolOpts.Retention] or
 // [Config.Retention].
 func (c *Client[TTx]) Prune(ctx context.Context, opts *PruneOpts) (PruneResult, error) {
+	if c.observer == nil {
+		return c.prune(ctx, opts)
+	}
+	ctx, end := c.observer.StartPrune(ctx, opts != nil && opts.DryRun)
+	res, err := c.prune(ctx, opts)
+	end(res.Keys, res.Tombstones, err)
+	return res, err
+}
+
+func (c *Client[TTx]) prune(ctx context.Context, opts *PruneOpts) (PruneResult, error) {
 	if opts == nil {
 		opts = &PruneOpts{}
 	}

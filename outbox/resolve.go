@@ -126,6 +126,12 @@ func (r Resolution) validate() error {
 // for an unknown key, [ErrExpired] for a pruned one and [ErrNotNeedsReview]
 // for a key in any other state; none of these changes anything.
 func (c *Client[TTx]) Resolve(ctx context.Context, key Key, resolution Resolution) (Result, error) {
+	return c.operated(ctx, "resolve", key, string(resolution.Action), func() (Result, error) {
+		return c.resolve(ctx, key, resolution)
+	})
+}
+
+func (c *Client[TTx]) resolve(ctx context.Context, key Key, resolution Resolution) (Result, error) {
 	if _, err := ParseKey(string(key)); err != nil {
 		return Result{}, err
 	}

@@ -43,6 +43,7 @@ func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {
 		Classify:      classifyError,
 		FailureBody:   failureBody,
 		AmbiguousFunc: Ambiguous,
+		Observer:      c.observer,
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -174,6 +175,26 @@ func (r *Report) count(tool string, outcome Outcome) {
 //     error: back to pending with the next attempt looking up first.
 //   - [outbox.AtMostOnce]: needs review; never retried automatically.
 func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
+	obs := r.attempts.Observer()
+	if obs == nil {
+		return r.runOnce(ctx)
+	}
+	ctx, end := obs.StartReconcile(ctx)
+	report, err := r.runOnce(ctx)
+	done := &observe.Reconciled{Err: err}
+	for _, n := range report.Examined {
+		done.Examined += n
+	}
+	for tool, kinds := range report.Resolved {
+		for kind, n := range kinds {
+			done.Resolutions = append(done.Resolutions, observe.Resolution{Tool: tool, Kind: string(kind), Count: n})
+		}
+	}
+	end(done)
+	return report, err
+}
+
+func (r *Reconciler[TTx]) runOnce(ctx context.Context) (Report, error) {
 	report := newReport()
 	tools := r.registry.Names()
 	for {

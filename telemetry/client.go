@@ -166,22 +166,14 @@ func errorOutcome(err error) string {
 // Prune is [outbox.Client.Prune] in a span named "prune", a child of ctx's,
 // with the keys it turned into tombstones and the tombstones it deleted as
 // attributes (pgonce.pruned_keys, pgonce.deleted_tombstones) and added to
-// [MetricPruned] (unless opts asks for a dry run, which counts nothing).
+// [MetricPruned] (unless opts asks for a dry run, which counts nothing). A
+// client with the Telemetry among its middleware traces its prunes this way
+// itself, those of its reconcilers included; this Prune then makes the one
+// span.
 func (c *Client[TTx]) Prune(ctx context.Context, opts *outbox.PruneOpts) (outbox.PruneResult, error) {
 	ctx, span := c.tel.tracer.Start(ctx, "prune")
-	defer span.End()
-	res, err := c.Client.Prune(ctx, opts)
-	span.SetAttributes(AttrPrunedKeys.Int64(res.Keys), AttrDeletedTombstones.Int64(res.Tombstones))
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	if opts != nil && opts.DryRun {
-		return res, err
-	}
-	mctx := context.WithoutCancel(ctx)
-	c.tel.pruned.Add(mctx, res.Keys, metric.WithAttributeSet(attribute.NewSet(AttrOp.String("tombstone"))))
-	c.tel.pruned.Add(mctx, res.Tombstones, metric.WithAttributeSet(attribute.NewSet(AttrOp.String("delete"))))
+	res, err := c.Client.Prune(context.WithValue(ctx, pruneTracedKey{}, true), opts)
+	c.tel.endPrune(ctx, span, opts != nil && opts.DryRun, res.Keys, res.Tombstones, err)
 	return res, err
 }
 

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"sync"
@@ -39,6 +40,25 @@ const (
 	// "tombstone" for finished keys turned into tombstones, "delete" for
 	// tombstones deleted. Unit {key}.
 	MetricPruned = "pgonce.pruned"
+	// MetricResolutions counts the expired rows the reconcilers over a
+	// client resolved, by pgonce.tool and pgonce.outcome (requeued, found,
+	// needs_review, lookup_failed, failed, superseded). Unit {key}.
+	MetricResolutions = "pgonce.reconciler.resolutions"
+	// MetricCommitToCall is how long keys were due before a dispatcher
+	// claimed them for a provider call, by pgonce.tool. Unit s.
+	MetricCommitToCall = "pgonce.commit_to_call.duration"
+	// MetricClaimDuration is the duration of dispatchers' claim batches.
+	// Unit s.
+	MetricClaimDuration = "pgonce.claim.duration"
+	// MetricClaimSize is the number of keys a dispatcher's claim batch
+	// took, idle polls' zeros included. Unit {key}.
+	MetricClaimSize = "pgonce.claim.batch.size"
+	// MetricRecordDuration is the duration of dispatchers' record batches.
+	// Unit s.
+	MetricRecordDuration = "pgonce.record.duration"
+	// MetricRecordSize is the number of outcomes a dispatcher's record
+	// batch wrote at once. Unit {key}.
+	MetricRecordSize = "pgonce.record.batch.size"
 )
 
 // Attribute keys of pgonce's spans and metrics.
@@ -81,6 +101,13 @@ type Telemetry struct {
 	submits    metric.Int64Counter
 	pruned     metric.Int64Counter
 
+	resolutions    metric.Int64Counter
+	commitToCall   metric.Float64Histogram
+	claimDuration  metric.Float64Histogram
+	claimSize      metric.Int64Histogram
+	recordDuration metric.Float64Histogram
+	recordSize     metric.Int64Histogram
+
 	// tools holds the telemetry of each tool seen so far; toolsMu orders
 	// its replacements.
 	tools   atomic.Pointer[map[string]*toolTelemetry]
@@ -102,41 +129,57 @@ func New(config Config) (*Telemetry, error) {
 		config.Propagator = propagation.TraceContext{}
 	}
 	meter := config.MeterProvider.Meter(ScopeName)
-	calls, err := meter.Int64Counter(MetricProviderCalls,
-		metric.WithDescription("Provider calls and lookups made by pgonce, by outcome."),
-		metric.WithUnit("{call}"))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: %s: %w", MetricProviderCalls, err)
-	}
-	duration, err := meter.Float64Histogram(MetricProviderCallDuration,
-		metric.WithDescription("Duration of provider calls and lookups made by pgonce."),
-		metric.WithUnit("s"))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: %s: %w", MetricProviderCallDuration, err)
-	}
-	submits, err := meter.Int64Counter(MetricSubmits,
-		metric.WithDescription("Submits and Dos of pgonce keys, by outcome."),
-		metric.WithUnit("{submit}"))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: %s: %w", MetricSubmits, err)
-	}
-	pruned, err := meter.Int64Counter(MetricPruned,
-		metric.WithDescription("Keys turned into tombstones and tombstones deleted by pgonce's pruning."),
-		metric.WithUnit("{key}"))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: %s: %w", MetricPruned, err)
-	}
 	tel := &Telemetry{
 		tracer:     config.TracerProvider.Tracer(ScopeName),
 		propagator: config.Propagator,
-		calls:      calls,
-		duration:   duration,
-		submits:    submits,
-		pruned:     pruned,
+	}
+	var errs []error
+	counter := func(name, unit, description string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithDescription(description), metric.WithUnit(unit))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("telemetry: %s: %w", name, err))
+		}
+		return c
+	}
+	seconds := func(name, description string) metric.Float64Histogram {
+		h, err := meter.Float64Histogram(name, metric.WithDescription(description), metric.WithUnit("s"),
+			metric.WithExplicitBucketBoundaries(durationBuckets...))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("telemetry: %s: %w", name, err))
+		}
+		return h
+	}
+	sizes := func(name, description string) metric.Int64Histogram {
+		h, err := meter.Int64Histogram(name, metric.WithDescription(description), metric.WithUnit("{key}"),
+			metric.WithExplicitBucketBoundaries(batchBuckets...))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("telemetry: %s: %w", name, err))
+		}
+		return h
+	}
+	tel.calls = counter(MetricProviderCalls, "{call}", "Provider calls and lookups made by pgonce, by outcome.")
+	tel.duration = seconds(MetricProviderCallDuration, "Duration of provider calls and lookups made by pgonce.")
+	tel.submits = counter(MetricSubmits, "{submit}", "Submits and Dos of pgonce keys, by outcome.")
+	tel.pruned = counter(MetricPruned, "{key}", "Keys turned into tombstones and tombstones deleted by pgonce's pruning.")
+	tel.resolutions = counter(MetricResolutions, "{key}", "Expired in-flight keys resolved by pgonce's reconcilers, by outcome.")
+	tel.commitToCall = seconds(MetricCommitToCall, "How long keys were due before a dispatcher claimed them for a provider call.")
+	tel.claimDuration = seconds(MetricClaimDuration, "Duration of pgonce dispatchers' claim batches.")
+	tel.claimSize = sizes(MetricClaimSize, "Keys claimed by a pgonce dispatcher's claim batch.")
+	tel.recordDuration = seconds(MetricRecordDuration, "Duration of pgonce dispatchers' record batches.")
+	tel.recordSize = sizes(MetricRecordSize, "Outcomes written by a pgonce dispatcher's record batch.")
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	tel.tools.Store(&map[string]*toolTelemetry{})
 	return tel, nil
 }
+
+// Bucket boundaries of the duration histograms (the semantic conventions'
+// for durations in seconds) and of the batch sizes.
+var (
+	durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	batchBuckets    = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+)
 
 // Inject returns call with the trace context of ctx added to a copy of its
 // metadata, for the provider call's span to join; call itself is not
@@ -286,10 +329,15 @@ type toolTelemetry struct {
 	process      string
 	lookup       string
 	measurements [2][len(providerOutcomes)]metric.MeasurementOption
+	// toolOnly is the attribute set of the tool alone.
+	toolOnly metric.MeasurementOption
 }
 
 func newToolTelemetry(name string) *toolTelemetry {
-	tool := &toolTelemetry{name: name, process: "process " + name, lookup: "lookup " + name}
+	tool := &toolTelemetry{
+		name: name, process: "process " + name, lookup: "lookup " + name,
+		toolOnly: metric.WithAttributeSet(attribute.NewSet(AttrTool.String(name))),
+	}
 	for op, opName := range [2]string{outbox.ProviderOpCall.String(), outbox.ProviderOpLookup.String()} {
 		for i, outcome := range providerOutcomes {
 			tool.measurements[op][i] = measurementOf(name, opName, outcome)

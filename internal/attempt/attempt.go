@@ -20,6 +20,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/store"
 )
 
@@ -116,6 +117,9 @@ type Config struct {
 	// AmbiguousFunc wraps err as an error whose effect is unknown (a
 	// panic's), which Classify reports as [Ambiguous].
 	AmbiguousFunc func(err error) error
+	// Observer, nil when none, is told of the client's batches and
+	// maintenance runs; see [Runner.Observer].
+	Observer observe.Observer
 }
 
 // Runner runs attempts and records outcomes for one client.
@@ -131,6 +135,11 @@ func New(s *store.Store, config Config) *Runner {
 
 // Store returns the runner's store.
 func (r *Runner) Store() *store.Store { return r.store }
+
+// Observer returns the client's observer, nil when it has none: the
+// dispatcher and reconciler over the client tell it of their batches and
+// runs.
+func (r *Runner) Observer() observe.Observer { return r.config.Observer }
 
 // Tool returns the registered tool named name, or nil.
 func (r *Runner) Tool(name string) *Tool { return r.config.ToolFunc(name) }
