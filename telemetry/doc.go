@@ -47,9 +47,18 @@
 // sets the span's status to error, with error.type. The attributes are set
 // when the call returns: a sampler sees the span's name and kind only.
 //
+// A client with the Telemetry among its middleware also makes spans of the
+// work around the calls: "claim" and "record" for its dispatchers' batches
+// (of kind client, linked to the span that submitted each key; a poll that
+// claims nothing makes none), "reconcile" for a reconcile run (the parent of
+// its lookups and prune), "prune", and "resolve", "cancel" and "retry" for an
+// operator's actions, children of the caller's span.
+//
 // # Metrics
 //
 // The instruments are named in [MetricProviderCalls],
-// [MetricProviderCallDuration], [MetricSubmits] and [MetricPruned]; their
-// attributes are pgonce.tool, pgonce.op and pgonce.outcome.
+// [MetricProviderCallDuration], [MetricSubmits], [MetricPruned],
+// [MetricResolutions], [MetricClaimDuration], [MetricClaimSize],
+// [MetricRecordDuration] and [MetricRecordSize]; their attributes are
+// pgonce.tool, pgonce.op and pgonce.outcome where they apply.
 package telemetry

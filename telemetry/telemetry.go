@@ -44,9 +44,6 @@ const (
 	// client resolved, by pgonce.tool and pgonce.outcome (requeued, found,
 	// needs_review, lookup_failed, failed, superseded). Unit {key}.
 	MetricResolutions = "pgonce.reconciler.resolutions"
-	// MetricCommitToCall is how long keys were due before a dispatcher
-	// claimed them for a provider call, by pgonce.tool. Unit s.
-	MetricCommitToCall = "pgonce.commit_to_call.duration"
 	// MetricClaimDuration is the duration of dispatchers' claim batches.
 	// Unit s.
 	MetricClaimDuration = "pgonce.claim.duration"
@@ -162,7 +159,7 @@ func New(config Config) (*Telemetry, error) {
 	tel.submits = counter(MetricSubmits, "{submit}", "Submits and Dos of pgonce keys, by outcome.")
 	tel.pruned = counter(MetricPruned, "{key}", "Keys turned into tombstones and tombstones deleted by pgonce's pruning.")
 	tel.resolutions = counter(MetricResolutions, "{key}", "Expired in-flight keys resolved by pgonce's reconcilers, by outcome.")
-	tel.commitToCall = seconds(MetricCommitToCall, "How long keys were due before a dispatcher claimed them for a provider call.")
+	tel.commitToCall = seconds(metricCommitToCall, "How long keys were due before a dispatcher claimed them for a provider call.")
 	tel.claimDuration = seconds(MetricClaimDuration, "Duration of pgonce dispatchers' claim batches.")
 	tel.claimSize = sizes(MetricClaimSize, "Keys claimed by a pgonce dispatcher's claim batch.")
 	tel.recordDuration = seconds(MetricRecordDuration, "Duration of pgonce dispatchers' record batches.")
@@ -173,6 +170,12 @@ func New(config Config) (*Telemetry, error) {
 	tel.tools.Store(&map[string]*toolTelemetry{})
 	return tel, nil
 }
+
+// metricCommitToCall is how long keys were due before a dispatcher claimed
+// them for a provider call, by pgonce.tool; unit s. It is recorded for keys
+// whose claim says how long they were due, which none does yet: it becomes
+// a Metric constant and a README entry when the claim does.
+const metricCommitToCall = "pgonce.commit_to_call.duration"
 
 // Bucket boundaries of the duration histograms (the semantic conventions'
 // for durations in seconds) and of the batch sizes.
