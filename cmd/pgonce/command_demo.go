@@ -16,11 +16,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/migrations"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
+	"github.com/pgonce/pgonce/telemetry"
 )
 
 // The demo's clock: the lease is the shortest the library allows for its
@@ -37,7 +40,7 @@ const (
 func demoCommand() *command {
 	return &command{
 		name:     "demo",
-		synopsis: "demo [--keep]",
+		synopsis: "demo [--keep] [--trace]",
 		summary:  "the refund story end to end, in a throw-away schema",
 		// The demo makes a schema of its own.
 		noSchema: true,
@@ -50,14 +53,19 @@ outcome nobody knows goes to needs review and is resolved by an operator.
 
 The demo migrates a fresh schema pgonce_demo_<random> and drops it at the
 end unless --keep. It exits 1 if any invariant
-fails: one refund in the ledger, the replay byte for byte, the states.`,
+fails: one refund in the ledger, the replay byte for byte, the states.
+
+With --trace it then prints the refund's trace, as package telemetry makes
+it: the model's asks, their submits, the provider calls, the dispatchers'
+claim and record batches (linked to the submit), and the reconcile run.`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			keep := fs.Bool("keep", false, "keep the demo schema and print its name")
+			traced := fs.Bool("trace", false, "print the refund's trace at the end")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 0 {
 					return usageErrorf("takes no arguments, got %q", args)
 				}
-				return e.demo(ctx, *keep)
+				return e.demo(ctx, *keep, *traced)
 			}
 		},
 	}
@@ -179,7 +187,7 @@ func await(ctx context.Context, ch <-chan struct{}, what string) error {
 	}
 }
 
-func (e *env) demo(ctx context.Context, keep bool) (err error) {
+func (e *env) demo(ctx context.Context, keep, traced bool) (err error) {
 	c, err := e.connect(ctx)
 	if err != nil {
 		return err
@@ -227,31 +235,97 @@ func (e *env) demo(ctx context.Context, keep bool) (err error) {
 	if err := registry.Register("notify", demoMailer{}, outbox.AtMostOnce); err != nil {
 		return err
 	}
-	client, err := c.client(outbox.Config{
+	config := outbox.Config{
 		Registry: registry, CallTimeout: demoCallTimeout, Lease: demoLease, Logger: quiet,
-	})
+	}
+	var tr *demoTracing
+	if traced {
+		if tr, err = newDemoTracing(ctx); err != nil {
+			return err
+		}
+		config.Middleware = []outbox.Middleware{tr.tel}
+	}
+	client, err := c.client(config)
 	if err != nil {
 		return err
 	}
-	return runDemo(ctx, e, c, client, payments, quiet)
+	if err := runDemo(ctx, e, c, client, payments, quiet, tr); err != nil {
+		return err
+	}
+	if tr != nil {
+		tr.root.End()
+		fmt.Fprintln(e.stdout, "")
+		fmt.Fprintln(e.stdout, "The refund's trace: each span under its parent; a dispatcher's batches, in traces of")
+		fmt.Fprintln(e.stdout, "their own, under the submit they link to.")
+		fmt.Fprintln(e.stdout, "")
+		printTrace(e.stdout, tr.recorder.spans(), tr.root)
+	}
+	return nil
+}
+
+// demoTracing is the demo's tracing under --trace: a [telemetry.Telemetry]
+// over an in-memory span recorder, and the span of the agent's run, the
+// root of the refund's trace.
+type demoTracing struct {
+	recorder *spanRecorder
+	tel      *telemetry.Telemetry
+	root     *recordedSpan
+}
+
+func newDemoTracing(ctx context.Context) (*demoTracing, error) {
+	recorder := &spanRecorder{}
+	tel, err := telemetry.New(telemetry.Config{TracerProvider: recorder, MeterProvider: metricnoop.NewMeterProvider()})
+	if err != nil {
+		return nil, err
+	}
+	_, root := recorder.Tracer("").Start(ctx, "agent run-8842")
+	return &demoTracing{recorder: recorder, tel: tel, root: root.(*recordedSpan)}, nil
+}
+
+// within returns ctx in the agent's run; a nil tracing returns ctx.
+func (tr *demoTracing) within(ctx context.Context) context.Context {
+	if tr == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, tr.root)
+}
+
+// ask returns the context of one of the model's asks and the function that
+// ends it.
+func (tr *demoTracing) ask(ctx context.Context) (context.Context, func()) {
+	if tr == nil {
+		return ctx, func() {}
+	}
+	ctx, span := tr.recorder.Tracer("").Start(tr.within(ctx), "model asks refund")
+	return ctx, func() { span.End() }
+}
+
+// untraced returns ctx without the span it may carry: a dispatcher's, as
+// in a process of its own.
+func untraced(ctx context.Context) context.Context {
+	return trace.ContextWithSpanContext(ctx, trace.SpanContext{})
 }
 
 // submit asks for call in a transaction of the caller's, as an agent
 // runtime would.
-func submit(ctx context.Context, c *conn, client *outbox.Client[pgx.Tx], call outbox.Call) (outbox.Result, error) {
+func submit(ctx context.Context, c *conn, client *outbox.Client[pgx.Tx], tr *demoTracing, call outbox.Call) (outbox.Result, error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return outbox.Result{}, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	res, err := client.SubmitTx(ctx, tx, call)
+	submitTx := client.SubmitTx
+	if tr != nil {
+		submitTx = telemetry.Traced(client, tr.tel).SubmitTx
+	}
+	res, err := submitTx(ctx, tx, call)
 	if err != nil {
 		return outbox.Result{}, err
 	}
 	return res, tx.Commit(ctx)
 }
 
-func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx], payments *demoPayments, quiet *slog.Logger) error {
+func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx], payments *demoPayments, quiet *slog.Logger, tr *demoTracing) error {
 	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
 	refunds := func() (int, error) {
 		rows, err := payments.rows(ctx)
@@ -290,7 +364,9 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	if err != nil {
 		return err
 	}
-	res, err := submit(ctx, c, client, call)
+	askCtx, asked := tr.ask(ctx)
+	res, err := submit(askCtx, c, client, tr, call)
+	asked()
 	if err != nil {
 		return err
 	}
@@ -314,7 +390,7 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	if err != nil {
 		return err
 	}
-	crashCtx, crash := context.WithCancel(ctx)
+	crashCtx, crash := context.WithCancel(untraced(ctx))
 	defer crash()
 	d1Done := make(chan struct{})
 	go func() {
@@ -328,7 +404,9 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	// 2. The duplicate, while the call is in flight.
 	again := call
 	again.Args = json.RawMessage(`{"amount":"42.00",  "order":8842}`)
-	res, err = submit(ctx, c, client, again)
+	askCtx, asked = tr.ask(ctx)
+	res, err = submit(askCtx, c, client, tr, again)
+	asked()
 	if err != nil {
 		return err
 	}
@@ -374,11 +452,11 @@ func runDemo(ctx context.Context, e *env, c *conn, client *outbox.Client[pgx.Tx]
 	if res.State != outbox.StateInFlight || n != 1 {
 		return invariant("after the crash the key must be in flight with one refund, got state=%s refunds=%d", res.State, n)
 	}
-	return demoRecover(ctx, e, client, payments, key, call, dispatcherConfig, quiet)
+	return demoRecover(ctx, e, client, payments, key, call, dispatcherConfig, quiet, tr)
 }
 
 func demoRecover(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], payments *demoPayments, key outbox.Key,
-	call outbox.Call, dispatcherConfig dispatcher.Config, quiet *slog.Logger,
+	call outbox.Call, dispatcherConfig dispatcher.Config, quiet *slog.Logger, tr *demoTracing,
 ) error {
 	say := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
 	deadline, cancel := context.WithTimeout(ctx, demoStepTimeout)
@@ -407,7 +485,7 @@ func demoRecover(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], pay
 		// The grace is one millisecond past the lease, by the database's
 		// clock; a pass that comes too early finds nothing and changes
 		// nothing.
-		report, err = r.RunOnce(deadline)
+		report, err = r.RunOnce(tr.within(deadline))
 		if err != nil {
 			return err
 		}
@@ -434,7 +512,7 @@ func demoRecover(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], pay
 	if err != nil {
 		return err
 	}
-	stop, stopDispatcher := context.WithCancel(ctx)
+	stop, stopDispatcher := context.WithCancel(untraced(ctx))
 	defer stopDispatcher()
 	d2Done := make(chan struct{})
 	go func() {
@@ -460,7 +538,13 @@ func demoRecover(ctx context.Context, e *env, client *outbox.Client[pgx.Tx], pay
 	}
 
 	// 5. The third ask: the stored response, replayed.
-	res, err = client.Submit(ctx, call)
+	askCtx, asked := tr.ask(ctx)
+	if tr != nil {
+		res, err = telemetry.Traced(client, tr.tel).Submit(askCtx, call)
+	} else {
+		res, err = client.Submit(ctx, call)
+	}
+	asked()
 	if err != nil {
 		return err
 	}

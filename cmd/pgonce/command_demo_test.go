@@ -51,6 +51,31 @@ func TestDemo(t *testing.T) {
 		require.Equal(t, 1, ledger)
 	})
 
+	t.Run("TraceShowsTheRefundsPath", func(t *testing.T) {
+		t.Parallel()
+		res := pgonce(t, "demo", "--trace")
+		require.Equal(t, exitOK, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+		require.Empty(t, res.stderr)
+		_, tree, found := strings.Cut(res.stdout, "under the submit they link to.\n\n")
+		require.True(t, found, res.stdout)
+		// The first attempt is cut off by the crash: ambiguous, and never
+		// recorded. The reconciler's requeue is attempt 2, the retry 3.
+		require.Equal(t, `agent run-8842
+├─ model asks refund
+│  └─ send refund  outcome=created
+│     ├─ claim (linked)  keys=1
+│     ├─ process refund  attempt=1 outcome=ambiguous error
+│     ├─ claim (linked)  keys=1
+│     ├─ process refund  attempt=3 outcome=succeeded
+│     └─ record (linked)  keys=1
+├─ model asks refund
+│  └─ send refund  outcome=in_progress
+├─ reconcile  examined=1
+└─ model asks refund
+   └─ send refund  outcome=replayed
+`, tree)
+	})
+
 	t.Run("UnreachableDatabase", func(t *testing.T) {
 		t.Parallel()
 		res := pgonceEnv(t, []string{"PGONCE_DATABASE_URL=postgres://postgres@127.0.0.1:1/postgres"}, "demo")
