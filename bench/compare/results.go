@@ -246,7 +246,7 @@ func phaseTitle(phase string) string {
 
 // writeCSV writes every measurement, then every round's ratios, to path.
 func (rs *resultSet) writeCSV(path string, sum summary) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return fmt.Errorf("write CSV: %w", err)
 	}
 	file, err := os.Create(path) //nolint:gosec // the path is the operator's setting
