@@ -70,13 +70,17 @@ func run(ctx context.Context, s settings) error {
 			case phaseFloor:
 				phaseResults, err = env.runFloor(ctx, round)
 			}
-			if err != nil {
-				return fmt.Errorf("round %d, %s: %w", round+1, phase, err)
-			}
 			for _, r := range phaseResults {
 				log.Printf("  %s", r)
 			}
 			results.add(phaseResults...)
+			if err != nil {
+				// What was measured still goes to the CSV, for the record.
+				if csvErr := results.writeCSV(s.csvPath, results.summarize(s)); csvErr == nil {
+					log.Printf("wrote the measurements so far to %s", s.csvPath)
+				}
+				return fmt.Errorf("round %d, %s: %w", round+1, phase, err)
+			}
 		}
 	}
 	log.Printf("%d rounds in %s", s.rounds, time.Since(began).Round(time.Second))
