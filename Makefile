@@ -92,6 +92,10 @@ bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_
 bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS finished keys (default 10000000) and at 10000, PGONCE_BENCH_SCALE_REPS times (default 5)
 	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
 
+.PHONY: bench-scale-buffers
+bench-scale-buffers: ## bench-scale against a private cluster like the one on 5432 but with shared_buffers PGONCE_BENCH_SHARED_BUFFERS (default 2GB); needs root
+	internal/storagebench/scale_cluster.sh
+
 .PHONY: bench-telemetry
 bench-telemetry: ## Compare the drain's throughput with the telemetry middleware over the OpenTelemetry SDK and without it, 6 counts
 	cd $(SDKTEST) && go test -run='^$$' -bench='^BenchmarkDrainTelemetry$$' -benchtime=4x -count=6 -timeout=30m .
