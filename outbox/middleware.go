@@ -120,23 +120,36 @@ func wrapFunc(client, tool []Middleware) func(ctx context.Context, op *attempt.O
 		if op.Lookup {
 			call.Op = ProviderOpLookup
 		}
-		// inner(i) runs the chain from middleware i on, and the provider
-		// after the last; each result handed outward carries its outcome.
-		var inner func(i int) func(ctx context.Context) ProviderResult
-		inner = func(i int) func(ctx context.Context) ProviderResult {
-			return func(ctx context.Context) ProviderResult {
-				var res ProviderResult
-				if i == len(chain) {
-					got := next(ctx)
-					res = ProviderResult{Response: got.Response, Found: got.Found, Err: got.Err}
-				} else {
-					res = chain[i].AroundProvider(ctx, call, inner(i+1))
-				}
+		provider := func(ctx context.Context) ProviderResult {
+			got := next(ctx)
+			return ProviderResult{
+				Response: got.Response, Found: got.Found, Err: got.Err,
+				Outcome: ProviderOutcome(op.Outcome(got, classifyError)),
+			}
+		}
+		var res ProviderResult
+		if len(chain) == 1 {
+			// The common case, without the closures of a longer chain.
+			res = chain[0].AroundProvider(ctx, call, provider)
+		} else {
+			// inner(i) runs the chain from middleware i on, and the
+			// provider after the last; each result handed outward carries
+			// its outcome.
+			withOutcome := func(res ProviderResult) ProviderResult {
 				res.Outcome = ProviderOutcome(op.Outcome(attempt.CallResult{Response: res.Response, Found: res.Found, Err: res.Err}, classifyError))
 				return res
 			}
+			var inner func(i int) func(ctx context.Context) ProviderResult
+			inner = func(i int) func(ctx context.Context) ProviderResult {
+				if i == len(chain) {
+					return provider
+				}
+				return func(ctx context.Context) ProviderResult {
+					return withOutcome(chain[i].AroundProvider(ctx, call, inner(i+1)))
+				}
+			}
+			res = chain[0].AroundProvider(ctx, call, inner(1))
 		}
-		res := chain[0].AroundProvider(ctx, call, inner(1))
 		return attempt.CallResult{Response: res.Response, Found: res.Found, Err: res.Err}
 	}
 }
