@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,8 +60,9 @@ func newDrainBench(b *testing.B, tel *telemetry.Telemetry) *drainBench {
 }
 
 // drain submits drainBenchRows calls, then times one dispatcher draining
-// them, outcomes recorded.
-func (bench *drainBench) drain(b *testing.B, round int) time.Duration {
+// them, outcomes recorded, and counts the process's heap allocations
+// meanwhile.
+func (bench *drainBench) drain(b *testing.B, round int) (time.Duration, uint64) {
 	b.Helper()
 	batch := make([]outbox.Call, drainBenchRows)
 	for n := range batch {
@@ -73,15 +75,18 @@ func (bench *drainBench) drain(b *testing.B, round int) time.Duration {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	began := time.Now()
 	go func() { done <- d.Run(ctx) }()
 	<-bench.reached
 	awaitDrained(b, bench.schema)
 	elapsed := time.Since(began)
+	runtime.ReadMemStats(&after)
 
 	stop()
 	require.NoError(b, <-done)
-	return elapsed
+	return elapsed, after.Mallocs - before.Mallocs
 }
 
 // BenchmarkDrainTelemetry drains drainBenchRows no-op calls with one
@@ -89,7 +94,9 @@ func (bench *drainBench) drain(b *testing.B, round int) time.Duration {
 // SDK (every span sampled and batched to an exporter that drops them,
 // metrics aggregated by a reader), alternating the two in every iteration so
 // that a busy machine slows both alike. It reports both throughputs and the
-// overhead, the relative loss of throughput.
+// overhead, the relative loss of throughput, and the heap allocations per
+// call of each side (allocs/call-off, allocs/call-on), which unlike the
+// throughputs do not depend on the machine's load.
 func BenchmarkDrainTelemetry(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discardExporter{}), sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
@@ -101,15 +108,28 @@ func BenchmarkDrainTelemetry(b *testing.B) {
 	require.NoError(b, err)
 	off, on := newDrainBench(b, nil), newDrainBench(b, tel)
 
-	var offElapsed, onElapsed time.Duration
+	var (
+		offElapsed, onElapsed time.Duration
+		offAllocs, onAllocs   uint64
+	)
+	drainOff := func(i int) {
+		elapsed, allocs := off.drain(b, i)
+		offElapsed += elapsed
+		offAllocs += allocs
+	}
+	drainOn := func(i int) {
+		elapsed, allocs := on.drain(b, i)
+		onElapsed += elapsed
+		onAllocs += allocs
+	}
 	b.ResetTimer()
 	for i := range b.N {
 		if i%2 == 0 {
-			offElapsed += off.drain(b, i)
-			onElapsed += on.drain(b, i)
+			drainOff(i)
+			drainOn(i)
 		} else {
-			onElapsed += on.drain(b, i)
-			offElapsed += off.drain(b, i)
+			drainOn(i)
+			drainOff(i)
 		}
 	}
 	offRate := float64(b.N*drainBenchRows) / offElapsed.Seconds()
@@ -117,6 +137,8 @@ func BenchmarkDrainTelemetry(b *testing.B) {
 	b.ReportMetric(offRate, "calls/s-off")
 	b.ReportMetric(onRate, "calls/s-on")
 	b.ReportMetric(100*(offRate-onRate)/offRate, "overhead-%")
+	b.ReportMetric(float64(offAllocs)/float64(b.N*drainBenchRows), "allocs/call-off")
+	b.ReportMetric(float64(onAllocs)/float64(b.N*drainBenchRows), "allocs/call-on")
 }
 
 // awaitDrained waits until schema holds no open key: the last outcomes are
