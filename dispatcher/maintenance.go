@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgonce/pgonce/internal/observe"
+	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
 )
 
@@ -43,9 +45,13 @@ func (d *Dispatcher[TTx]) maintain(ctx context.Context, reconciler *reconcile.Re
 	interval := d.config.MaintenanceInterval
 	ttl := leaderTTLIntervals * interval
 	leading := false
+	obs := d.attempts.Observer()
 	defer func() {
 		if !leading {
 			return
+		}
+		if obs != nil {
+			obs.Gauged(ctx, d.client.Config().Schema, nil)
 		}
 		resignCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.client.Config().StatementTimeout)
 		defer cancel()
@@ -66,10 +72,16 @@ func (d *Dispatcher[TTx]) maintain(ctx context.Context, reconciler *reconcile.Re
 		case !elected && leading && ctx.Err() == nil:
 			d.logger.InfoContext(ctx, "pgonce: maintenance leadership lost", "leader_id", id)
 		}
+		if !elected && leading && obs != nil {
+			obs.Gauged(ctx, d.client.Config().Schema, nil)
+		}
 		leading = elected
 		if leading {
 			if _, err := reconciler.RunOnce(ctx); err != nil && ctx.Err() == nil {
 				d.logger.ErrorContext(ctx, "pgonce: maintenance reconcile failed", "error", err)
+			}
+			if obs != nil {
+				d.gauge(ctx, obs, tools, ttl)
 			}
 		}
 		select {
@@ -84,4 +96,35 @@ func (d *Dispatcher[TTx]) elect(ctx context.Context, name, id string, ttl time.D
 	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
 	return d.store.LeaderElect(ctx, name, id, ttl, nil)
+}
+
+// gauge reads the state of the keys of tools and tells obs, for the leader's
+// ttl: only the elected dispatcher reads it, once per maintenance interval.
+func (d *Dispatcher[TTx]) gauge(ctx context.Context, obs observe.Observer, tools []string, ttl time.Duration) {
+	statsCtx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
+	defer cancel()
+	until := time.Now().Add(ttl)
+	stats, err := d.client.Stats(statsCtx)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.WarnContext(ctx, "pgonce: reading key stats for telemetry failed", "error", err)
+		}
+		return
+	}
+	gauges := &observe.Gauges{Until: until, Tools: make([]observe.ToolGauges, 0, len(tools))}
+	for _, tool := range tools {
+		gauges.Tools = append(gauges.Tools, toolGauges(stats, tool))
+	}
+	obs.Gauged(ctx, d.client.Config().Schema, gauges)
+}
+
+// toolGauges is tool's part of stats.
+func toolGauges(stats outbox.Stats, tool string) observe.ToolGauges {
+	keys := stats.Keys[tool]
+	return observe.ToolGauges{
+		Tool:        tool,
+		Pending:     keys[outbox.StatePending],
+		InFlight:    keys[outbox.StateInFlight],
+		NeedsReview: keys[outbox.StateNeedsReview],
+	}
 }

@@ -145,6 +145,47 @@ func (o *observer) Operated(ctx context.Context, op *observe.Operation) {
 	span.End(trace.WithTimestamp(op.Ended))
 }
 
+// Gauged keeps the elected dispatcher's reading of its schema's keys for
+// the gauges to report; nil forgets it.
+func (o *observer) Gauged(_ context.Context, schema string, gauges *observe.Gauges) {
+	t := (*Telemetry)(o)
+	t.gaugesMu.Lock()
+	defer t.gaugesMu.Unlock()
+	if gauges == nil {
+		delete(t.gauges, schema)
+		return
+	}
+	t.gauges[schema] = gauges
+}
+
+// observeGauges reports the fresh readings of the schemas whose dispatcher
+// in this process leads.
+func (t *Telemetry) observeGauges(_ context.Context, o metric.Observer) error {
+	now := time.Now()
+	t.gaugesMu.Lock()
+	defer t.gaugesMu.Unlock()
+	for schema, gauges := range t.gauges {
+		if now.After(gauges.Until) {
+			continue
+		}
+		namespace := semconv.DBNamespace(schema)
+		for _, tool := range gauges.Tools {
+			for _, state := range [...]struct {
+				name string
+				n    int64
+			}{
+				{"pending", tool.Pending},
+				{"in_flight", tool.InFlight},
+				{"needs_review", tool.NeedsReview},
+			} {
+				o.ObserveInt64(t.keyCount, state.n, metric.WithAttributes(namespace, AttrTool.String(tool.Tool), AttrState.String(state.name)))
+			}
+			o.ObserveFloat64(t.oldestPending, tool.OldestPending.Seconds(), metric.WithAttributes(namespace, AttrTool.String(tool.Tool)))
+		}
+	}
+	return nil
+}
+
 // AttrResolved counts the rows a reconcile run resolved.
 const AttrResolved = attribute.Key("pgonce.resolved")
 

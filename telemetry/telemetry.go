@@ -17,6 +17,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -56,6 +57,16 @@ const (
 	// MetricRecordSize is the number of outcomes a dispatcher's record
 	// batch wrote at once. Unit {key}.
 	MetricRecordSize = "pgonce.record.batch.size"
+	// MetricKeyCount is the number of keys pending, in flight and needing
+	// review, by db.namespace (the schema), pgonce.tool and pgonce.state
+	// ("pending", "in_flight", "needs_review"), as the dispatcher elected to
+	// run maintenance reads them every maintenance interval; only that
+	// process reports them. Unit {key}.
+	MetricKeyCount = "pgonce.key.count"
+	// MetricOldestPending is how long the oldest due pending key of each
+	// tool has waited, by db.namespace and pgonce.tool, reported as
+	// [MetricKeyCount] is. Unit s.
+	MetricOldestPending = "pgonce.key.oldest_pending_age"
 )
 
 // Attribute keys of pgonce's spans and metrics.
@@ -104,6 +115,13 @@ type Telemetry struct {
 	claimSize      metric.Int64Histogram
 	recordDuration metric.Float64Histogram
 	recordSize     metric.Int64Histogram
+	keyCount       metric.Int64ObservableUpDownCounter
+	oldestPending  metric.Float64ObservableGauge
+
+	// gauges holds, by schema, the readings for keyCount and
+	// oldestPending of the dispatchers of this process that lead.
+	gauges   map[string]*observe.Gauges
+	gaugesMu sync.Mutex
 
 	// tools holds the telemetry of each tool seen so far; toolsMu orders
 	// its replacements.
@@ -164,8 +182,21 @@ func New(config Config) (*Telemetry, error) {
 	tel.claimSize = sizes(MetricClaimSize, "Keys claimed by a pgonce dispatcher's claim batch.")
 	tel.recordDuration = seconds(MetricRecordDuration, "Duration of pgonce dispatchers' record batches.")
 	tel.recordSize = sizes(MetricRecordSize, "Outcomes written by a pgonce dispatcher's record batch.")
+	var err error
+	if tel.keyCount, err = meter.Int64ObservableUpDownCounter(MetricKeyCount, metric.WithUnit("{key}"),
+		metric.WithDescription("Keys pending, in flight and needing review, as the elected pgonce dispatcher reads them.")); err != nil {
+		errs = append(errs, fmt.Errorf("telemetry: %s: %w", MetricKeyCount, err))
+	}
+	if tel.oldestPending, err = meter.Float64ObservableGauge(MetricOldestPending, metric.WithUnit("s"),
+		metric.WithDescription("How long the oldest due pending key of each tool has waited, as the elected pgonce dispatcher reads it.")); err != nil {
+		errs = append(errs, fmt.Errorf("telemetry: %s: %w", MetricOldestPending, err))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	tel.gauges = map[string]*observe.Gauges{}
+	if _, err := meter.RegisterCallback(tel.observeGauges, tel.keyCount, tel.oldestPending); err != nil {
+		return nil, fmt.Errorf("telemetry: gauges: %w", err)
 	}
 	tel.tools.Store(&map[string]*toolTelemetry{})
 	return tel, nil

@@ -28,6 +28,30 @@ type Observer interface {
 	// Operated is told of an operator's resolve, cancel or retry once it
 	// returned.
 	Operated(ctx context.Context, op *Operation)
+	// Gauged is told, by the dispatcher elected to run maintenance while it
+	// leads, the state of its schema's keys; nil once it no longer leads.
+	Gauged(ctx context.Context, schema string, gauges *Gauges)
+}
+
+// Gauges is the state of a schema's keys, per tool, as [Observer.Gauged]
+// is told it.
+type Gauges struct {
+	// Until is when the reading goes stale: a leader that stops without
+	// saying so (a crash) is not reported for ever.
+	Until time.Time
+	// Tools holds the reading of each tool with keys.
+	Tools []ToolGauges
+}
+
+// ToolGauges is the state of one tool's keys.
+type ToolGauges struct {
+	Tool        string
+	Pending     int64
+	InFlight    int64
+	NeedsReview int64
+	// OldestPending is how long the tool's oldest due pending key has
+	// waited; zero when none waits.
+	OldestPending time.Duration
 }
 
 // Claim is one claim batch.
