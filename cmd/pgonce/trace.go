@@ -222,7 +222,7 @@ func printTrace(w io.Writer, spans []*recordedSpan, root *recordedSpan) {
 		var details []string
 		for _, attr := range treeAttributes {
 			if v, ok := span.attr(attr.key); ok {
-				details = append(details, attr.label+"="+v.Emit())
+				details = append(details, attr.label+"="+v.String())
 			}
 		}
 		if span.status == codes.Error {

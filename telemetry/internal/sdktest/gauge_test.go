@@ -116,8 +116,10 @@ func testGauges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		{"email", "in_flight"}:     0,
 		{"email", "needs_review"}:  float64(stats.Keys["email"][outbox.StateNeedsReview]),
 	}
-	require.Equal(t, gaugeReading{{"refund", "pending"}: 1, {"refund", "in_flight"}: 2, {"refund", "needs_review"}: 0,
-		{"email", "pending"}: 0, {"email", "in_flight"}: 0, {"email", "needs_review"}: 1}, want)
+	require.Equal(t, gaugeReading{
+		{"refund", "pending"}: 1, {"refund", "in_flight"}: 2, {"refund", "needs_review"}: 0,
+		{"email", "pending"}: 0, {"email", "in_flight"}: 0, {"email", "needs_review"}: 1,
+	}, want)
 
 	// The leader reports what Stats says, the other process nothing.
 	var leader, other *testBundle
