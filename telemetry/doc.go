@@ -59,6 +59,9 @@
 // The instruments are named in [MetricProviderCalls],
 // [MetricProviderCallDuration], [MetricSubmits], [MetricPruned],
 // [MetricResolutions], [MetricClaimDuration], [MetricClaimSize],
-// [MetricRecordDuration] and [MetricRecordSize]; their attributes are
-// pgonce.tool, pgonce.op and pgonce.outcome where they apply.
+// [MetricRecordDuration], [MetricRecordSize], [MetricKeyCount] and
+// [MetricOldestPending]; their attributes are pgonce.tool, pgonce.op,
+// pgonce.outcome and pgonce.state where they apply. The last two are
+// observed by the process whose dispatcher is elected to run maintenance,
+// and by no other.
 package telemetry
