@@ -100,7 +100,12 @@ type Config struct {
 }
 
 // Telemetry traces and measures provider calls: an [outbox.Middleware].
-// It is safe for concurrent use.
+// Among a client's [outbox.Config.Middleware] (the first Telemetry there, if
+// several are), it also traces and measures the work of the client's
+// dispatchers, reconcilers and operators: claim and record batches,
+// reconcile runs, prunes, resolves, cancels and retries, and the key gauges
+// of an elected dispatcher. It is safe for concurrent use; its gauges stay
+// registered with the meter for as long as the meter lives.
 type Telemetry struct {
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
