@@ -74,8 +74,13 @@ func (o *observer) Recorded(ctx context.Context, rec *observe.Record) {
 		AttrWritten.Int(rec.Written))
 }
 
+// batchLinksMax is how many of its keys' submitters a batch span links to
+// at most.
+const batchLinksMax = 32
+
 // batchSpan makes the span of a claim or record batch, of kind client,
-// linked to the span that submitted each key, when its call carries one.
+// linked to the span that submitted each key (of the first batchLinksMax),
+// when its call carries one.
 func (t *Telemetry) batchSpan(ctx context.Context, name, opType string, began, ended time.Time, keys []observe.Key, err error, extra attribute.KeyValue) {
 	opts := []trace.SpanStartOption{
 		trace.WithSpanKind(trace.SpanKindClient),
@@ -88,7 +93,9 @@ func (t *Telemetry) batchSpan(ctx context.Context, name, opType string, began, e
 			extra,
 		),
 	}
-	for _, key := range keys {
+	// Each link costs a decoding of the key's metadata: a big batch, whose
+	// cost per key is small, links to the first batchLinksMax submitters.
+	for _, key := range keys[:min(len(keys), batchLinksMax)] {
 		if sc := t.submitterOf(key.Metadata); sc.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{AttrKey.String(key.Key)}}))
 		}
