@@ -131,6 +131,31 @@ func testBatchAndRunSpans[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		require.Equal(t, uint64(1), recordDurations)
 	})
 
+	t.Run("ABigBatchLinksToItsFirst32Submitters", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", bundle.refunds, outbox.IdempotentByKey))
+		client := driver.Client(t, outbox.Config{Schema: bundle.schema, Registry: registry, Middleware: []outbox.Middleware{bundle.tel}})
+		submitter := telemetry.Traced(client, bundle.tel)
+		for step := range 40 {
+			_, err := submitter.Submit(t.Context(), outbox.Call{RunID: "run-1", Step: int64(step), Tool: "refund", Args: step})
+			require.NoError(t, err)
+		}
+		d, err := dispatcher.New(client, dispatcher.Config{Concurrency: 64, BatchSize: 64, PollInterval: 10 * time.Millisecond, MaintenanceDisabled: true})
+		require.NoError(t, err)
+		runCtx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(runCtx) }()
+		t.Cleanup(func() {
+			stop()
+			require.NoError(t, <-done)
+		})
+		claim := onlySpan(t, bundle, "claim")
+		require.Equal(t, int64(40), attrs(claim.Attributes())["messaging.batch.message_count"].AsInt64())
+		require.Len(t, claim.Links(), 32)
+	})
+
 	t.Run("ReconcileRunIsTheParentOfItsLookupsAndPrune", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)
