@@ -133,8 +133,18 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 type toolRow struct {
 	Tool      string
-	Counts    []int64
+	Counts    []countCell
 	PerMinute string
+	// OldestPending is how long the tool's oldest due pending key has
+	// waited, or empty when the tool has no pending key.
+	OldestPending string
+}
+
+// countCell is one count of the overview; Estimated marks an estimate from
+// the planner's statistics.
+type countCell struct {
+	N         int64
+	Estimated bool
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -151,12 +161,15 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	sort.Strings(tools)
 	rows := make([]toolRow, 0, len(tools))
 	for _, tool := range tools {
-		row := toolRow{Tool: tool, PerMinute: "—"}
+		row := toolRow{Tool: tool, PerMinute: "—", OldestPending: "—"}
 		if rate, ok := snap.PerMinute[tool]; ok {
 			row.PerMinute = strconv.FormatFloat(rate, 'f', 1, 64)
 		}
+		if oldest, ok := stats.OldestPendingByTool[tool]; ok {
+			row.OldestPending = ago(oldest)
+		}
 		for _, state := range overviewStates {
-			row.Counts = append(row.Counts, stats.Keys[tool][state])
+			row.Counts = append(row.Counts, countCell{N: stats.Keys[tool][state], Estimated: stats.IsEstimated(state)})
 		}
 		rows = append(rows, row)
 	}
