@@ -196,63 +196,10 @@ func TestStatsPlanAtOneMillionKeys(t *testing.T) {
 	schema := pgoncetest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
-	pool := pgoncetest.Pool(t)
-	quoted := ident.Quote(schema)
-	_, err := pool.Exec(ctx, `
-INSERT INTO `+quoted+`.pgonce_key (
-    key, scope, run_id, step, tool, args, state, attempt, response, failure,
-    created_at, available_at, lease_until, worker, updated_at, completed_at, expires_at, forget_at
-)
-SELECT
-    sha256(int8send(i)),
-    sha256(int8send(-i)),
-    CASE WHEN s.state <> 'expired' THEN 'run-' || (i / 100) END,
-    CASE WHEN s.state <> 'expired' THEN i END,
-    CASE WHEN s.state = 'expired' THEN NULL WHEN i % 3 = 0 THEN 'refund' WHEN i % 3 = 1 THEN 'email' ELSE 'sms' END,
-    CASE WHEN s.state <> 'expired' THEN '{}'::bytea END,
-    s.state::`+quoted+`.pgonce_state,
-    CASE WHEN s.state = 'open' AND NOT s.leased THEN 0 ELSE 1 END,
-    CASE WHEN s.state = 'succeeded' THEN '{}'::bytea END,
-    CASE WHEN s.state = 'failed' THEN '{}'::bytea END,
-    now() - (1000000 - i) * interval '1 second',
-    -- Pending keys: most due up to a day ago, some due in an hour.
-    CASE WHEN s.state = 'open' THEN now() + CASE WHEN i % 1000 = 5 THEN interval '1 hour'
-        ELSE -(i % 86400) * interval '1 second' END END,
-    CASE WHEN s.leased THEN now() + interval '1 minute' END,
-    CASE WHEN s.leased THEN 'worker' END,
-    CASE WHEN s.state IN ('open', 'needs_review') THEN now() END,
-    CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() END,
-    CASE WHEN s.state IN ('succeeded', 'failed', 'cancelled') THEN now() + interval '30 days' END,
-    CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() + interval '365 days' END
-FROM generate_series(1, 1000000) AS i
-CROSS JOIN LATERAL (
-    SELECT CASE
-        WHEN i % 1000 = 1 THEN 'needs_review'
-        WHEN i % 1000 BETWEEN 2 AND 6 THEN 'open'
-        WHEN i % 1000 BETWEEN 7 AND 10 THEN 'failed'
-        WHEN i % 1000 = 11 THEN 'cancelled'
-        WHEN i % 1000 BETWEEN 12 AND 200 THEN 'expired'
-        ELSE 'succeeded'
-    END AS state, i % 1000 = 6 AS leased
-) AS s`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ANALYZE `+quoted+`.pgonce_key`)
-	require.NoError(t, err)
+	millionKeys(t, ctx, schema)
 	truth := trueKeyCounts(t, ctx, schema)
 	oldest := trueOldestPending(t, ctx, schema)
 
-	tracedPool := func(t *testing.T) (*pgxpool.Pool, *statsTracer) {
-		t.Helper()
-		config, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
-		require.NoError(t, err)
-		tracer := &statsTracer{statements: map[string]tracedStatement{}}
-		config.ConnConfig.Tracer = tracer
-		config.MaxConns = 2
-		traced, err := pgxpool.NewWithConfig(ctx, config)
-		require.NoError(t, err)
-		t.Cleanup(traced.Close)
-		return traced, tracer
-	}
 	registry := outbox.NewRegistry()
 	require.NoError(t, registry.Register("refund", &recordingProvider{}, outbox.IdempotentByKey))
 
@@ -307,16 +254,82 @@ CROSS JOIN LATERAL (
 	}
 	t.Run(drivertest.NamePgx, func(t *testing.T) {
 		t.Parallel()
-		traced, tracer := tracedPool(t)
+		traced, tracer := tracedPool(t, ctx)
 		client := drivertest.Pgx().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
 		check(t, traced, tracer, func() (outbox.Stats, error) { return client.Stats(ctx) })
 	})
 	t.Run(drivertest.NameDatabaseSQL, func(t *testing.T) {
 		t.Parallel()
-		traced, tracer := tracedPool(t)
+		traced, tracer := tracedPool(t, ctx)
 		client := drivertest.DatabaseSQL().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
 		check(t, traced, tracer, func() (outbox.Stats, error) { return client.Stats(ctx) })
 	})
+}
+
+// millionKeys fills schema's key table by SQL with a million keys across
+// three tools, and analyzes it: in every thousand keys, 1 needs review, 4
+// are pending (one of them due only in an hour) and 1 in flight, 4 failed,
+// 1 cancelled, 189 tombstones and the rest succeeded. Run ids group keys by
+// the hundred (run-0 … run-9999), and steps are the keys' numbers.
+func millionKeys(t *testing.T, ctx context.Context, schema string) {
+	t.Helper()
+	pool := pgoncetest.Pool(t)
+	quoted := ident.Quote(schema)
+	_, err := pool.Exec(ctx, `
+INSERT INTO `+quoted+`.pgonce_key (
+    key, scope, run_id, step, tool, args, state, attempt, response, failure,
+    created_at, available_at, lease_until, worker, updated_at, completed_at, expires_at, forget_at
+)
+SELECT
+    sha256(int8send(i)),
+    sha256(int8send(-i)),
+    CASE WHEN s.state <> 'expired' THEN 'run-' || (i / 100) END,
+    CASE WHEN s.state <> 'expired' THEN i END,
+    CASE WHEN s.state = 'expired' THEN NULL WHEN i % 3 = 0 THEN 'refund' WHEN i % 3 = 1 THEN 'email' ELSE 'sms' END,
+    CASE WHEN s.state <> 'expired' THEN '{}'::bytea END,
+    s.state::`+quoted+`.pgonce_state,
+    CASE WHEN s.state = 'open' AND NOT s.leased THEN 0 ELSE 1 END,
+    CASE WHEN s.state = 'succeeded' THEN '{}'::bytea END,
+    CASE WHEN s.state = 'failed' THEN '{}'::bytea END,
+    now() - (1000000 - i) * interval '1 second',
+    -- Pending keys: most due up to a day ago, some due in an hour.
+    CASE WHEN s.state = 'open' THEN now() + CASE WHEN i % 1000 = 5 THEN interval '1 hour'
+        ELSE -(i % 86400) * interval '1 second' END END,
+    CASE WHEN s.leased THEN now() + interval '1 minute' END,
+    CASE WHEN s.leased THEN 'worker' END,
+    CASE WHEN s.state IN ('open', 'needs_review') THEN now() END,
+    CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() END,
+    CASE WHEN s.state IN ('succeeded', 'failed', 'cancelled') THEN now() + interval '30 days' END,
+    CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() + interval '365 days' END
+FROM generate_series(1, 1000000) AS i
+CROSS JOIN LATERAL (
+    SELECT CASE
+        WHEN i % 1000 = 1 THEN 'needs_review'
+        WHEN i % 1000 BETWEEN 2 AND 6 THEN 'open'
+        WHEN i % 1000 BETWEEN 7 AND 10 THEN 'failed'
+        WHEN i % 1000 = 11 THEN 'cancelled'
+        WHEN i % 1000 BETWEEN 12 AND 200 THEN 'expired'
+        ELSE 'succeeded'
+    END AS state, i % 1000 = 6 AS leased
+) AS s`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE `+quoted+`.pgonce_key`)
+	require.NoError(t, err)
+}
+
+// tracedPool returns a pool of its own whose tracer keeps the statements
+// it ran.
+func tracedPool(t *testing.T, ctx context.Context) (*pgxpool.Pool, *statsTracer) {
+	t.Helper()
+	config, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+	require.NoError(t, err)
+	tracer := &statsTracer{statements: map[string]tracedStatement{}}
+	config.ConnConfig.Tracer = tracer
+	config.MaxConns = 2
+	traced, err := pgxpool.NewWithConfig(ctx, config)
+	require.NoError(t, err)
+	t.Cleanup(traced.Close)
+	return traced, tracer
 }
 
 // explainBoth returns the plan a traced statement gets run once with its
