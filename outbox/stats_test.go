@@ -267,13 +267,20 @@ func TestStatsPlanAtOneMillionKeys(t *testing.T) {
 }
 
 // millionKeys fills schema's key table by SQL with a million keys across
-// three tools, and analyzes it: in every thousand keys, 1 needs review, 4
-// are pending (one of them due only in an hour) and 1 in flight, 4 failed,
-// 1 cancelled, 189 tombstones and the rest succeeded. Run ids group keys by
-// the hundred (run-0 … run-9999), and steps are the keys' numbers.
+// three tools, and analyzes it (see fillKeys).
 func millionKeys(t *testing.T, ctx context.Context, schema string) {
 	t.Helper()
-	pool := pgoncetest.Pool(t)
+	fillKeys(t, ctx, schema, 1000000)
+}
+
+// fillKeys fills schema's key table by SQL with n keys across three tools,
+// and analyzes it: in every thousand keys, 1 needs review, 4 are pending
+// (one of them due only in an hour) and 1 in flight, 4 failed, 1
+// cancelled, 189 tombstones and the rest succeeded. Run ids group keys by
+// the hundred (run-0, run-1, …), and steps are the keys' numbers.
+func fillKeys(tb testing.TB, ctx context.Context, schema string, n int) {
+	tb.Helper()
+	pool := pgoncetest.Pool(tb)
 	quoted := ident.Quote(schema)
 	_, err := pool.Exec(ctx, `
 INSERT INTO `+quoted+`.pgonce_key (
@@ -291,7 +298,7 @@ SELECT
     CASE WHEN s.state = 'open' AND NOT s.leased THEN 0 ELSE 1 END,
     CASE WHEN s.state = 'succeeded' THEN '{}'::bytea END,
     CASE WHEN s.state = 'failed' THEN '{}'::bytea END,
-    now() - (1000000 - i) * interval '1 second',
+    now() - ($1::bigint - i) * interval '1 second',
     -- Pending keys: most due up to a day ago, some due in an hour.
     CASE WHEN s.state = 'open' THEN now() + CASE WHEN i % 1000 = 5 THEN interval '1 hour'
         ELSE -(i % 86400) * interval '1 second' END END,
@@ -301,7 +308,7 @@ SELECT
     CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() END,
     CASE WHEN s.state IN ('succeeded', 'failed', 'cancelled') THEN now() + interval '30 days' END,
     CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() + interval '365 days' END
-FROM generate_series(1, 1000000) AS i
+FROM generate_series(1, $1::bigint) AS i
 CROSS JOIN LATERAL (
     SELECT CASE
         WHEN i % 1000 = 1 THEN 'needs_review'
@@ -311,10 +318,10 @@ CROSS JOIN LATERAL (
         WHEN i % 1000 BETWEEN 12 AND 200 THEN 'expired'
         ELSE 'succeeded'
     END AS state, i % 1000 = 6 AS leased
-) AS s`)
-	require.NoError(t, err)
+) AS s`, n)
+	require.NoError(tb, err)
 	_, err = pool.Exec(ctx, `ANALYZE `+quoted+`.pgonce_key`)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 }
 
 // tracedPool returns a pool of its own whose tracer keeps the statements
