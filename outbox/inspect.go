@@ -175,7 +175,9 @@ type Stats struct {
 // size and the statistics ANALYZE keeps (autovacuum analyzes the key table
 // after 2% of its rows changed); [Stats.Estimated] says which. Before a
 // large table was first analyzed, its succeeded keys and tombstones count
-// as none. The figures come from several statements, not one snapshot.
+// as none, and a tool too rare to be among the column's most common values
+// is missing unless one of its keys is in a state counted exactly. The
+// figures come from several statements, not one snapshot.
 func (c *Client[TTx]) Stats(ctx context.Context) (Stats, error) {
 	stats := Stats{Keys: map[string]map[State]int64{}}
 	counts, err := c.store.KeyCounts(ctx, c.nowParam(), StatsExactPagesMax)
