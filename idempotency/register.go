@@ -26,9 +26,11 @@ import (
 //   - [outbox.IdempotentByKey], for handlers that pass the key ([Key])
 //     downstream to an API that deduplicates on it: the key goes back to
 //     pending, and the next request with it runs the handler again; the
-//     downstream API answers it as it answered the abandoned one. Set
-//     opts.KeyRetention to how long that API remembers a key: past it, the
-//     key goes to review instead.
+//     downstream API answers it as it answered the abandoned one. A 5xx
+//     answer of the handler is no outcome there: it is sent, not stored,
+//     and the same key runs again. Set opts.KeyRetention to how long that
+//     API remembers a key: past it, an abandoned key goes to review
+//     instead.
 //
 // A route of each kind needs a tool, and a middleware, of its own. opts
 // may be nil; its InlineOnly is ignored (always true). Register returns an
