@@ -355,7 +355,10 @@ func testKilledKeyed[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() { done <- d.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
 	reconcileUntil(t, client, key, outbox.StatePending)
 
 	b := &testBundle{server: server}
