@@ -56,13 +56,14 @@ const (
 	// ModeLease is for handlers that call the outside world: the key is
 	// claimed in flight under a lease, as [outbox.Client.Do] does, the
 	// handler runs under the client's CallTimeout, and its response is
-	// stored once it returns, whatever its status. A request abandoned
-	// mid-way (a crash, a panic, a timeout) is resolved by the tool's
-	// delivery, as [Register] registered it: [outbox.AtMostOnce] sends it
-	// to review, and the key answers 409 until an operator resolves it;
-	// [outbox.IdempotentByKey], for a handler that passes [Key]
-	// downstream, puts it back to pending, and the next request with the
-	// key runs the handler again.
+	// stored once it returns, whatever its status (but a 5xx on an
+	// [outbox.IdempotentByKey] route, which is no outcome). A request
+	// abandoned mid-way (a crash, a panic, a timeout) is resolved by the
+	// tool's delivery, as [Register] registered it: [outbox.AtMostOnce]
+	// sends it to review, and the key answers 409 until an operator
+	// resolves it; [outbox.IdempotentByKey], for a handler that passes
+	// [Key] downstream, puts it back to pending, and the next request with
+	// the key runs the handler again.
 	ModeLease
 )
 
