@@ -92,11 +92,25 @@ bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_
 bench-scale: ## Compare submit, claim, get and prune at PGONCE_BENCH_SCALE_KEYS finished keys (default 10000000) and at 10000, PGONCE_BENCH_SCALE_REPS times (default 5)
 	go test -run='^$$' -bench='^BenchmarkScale$$' -count=1 -timeout=0 ./internal/storagebench/
 
+.PHONY: bench-scale-buffers
+bench-scale-buffers: ## bench-scale against a private cluster like the one on 5432 but with shared_buffers PGONCE_BENCH_SHARED_BUFFERS (default 2GB); needs root
+	internal/storagebench/scale_cluster.sh
+
 .PHONY: bench-telemetry
 bench-telemetry: ## Compare the drain's throughput with the telemetry middleware over the OpenTelemetry SDK and without it, 6 counts
 	cd $(SDKTEST) && go test -run='^$$' -bench='^BenchmarkDrainTelemetry$$' -benchtime=4x -count=6 -timeout=30m .
 
+# The comparison with river is a module of its own (bench/), so that river
+# never enters the library's go.mod; its CSV path is resolved here, as the
+# command runs inside bench/.
+PGONCE_COMPARE_CSV ?= bench/out/compare.csv
+
+.PHONY: bench-compare
+bench-compare: ## Compare drain, enqueue and end to end with river v0.51.2, and the pgbench floor, interleaved rounds (PGONCE_COMPARE_QUICK=1: a smoke run; see README, "Beside river")
+	cd bench && PGONCE_COMPARE_CSV=$(abspath $(PGONCE_COMPARE_CSV)) go run ./compare
+
 .PHONY: tidy
-tidy: ## go mod tidy, of the core module and of the telemetry SDK tests' own
+tidy: ## go mod tidy, of the core module, of the telemetry SDK tests' own and of bench/
 	go mod tidy
 	cd $(SDKTEST) && go mod tidy
+	cd bench && go mod tidy

@@ -12,5 +12,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childSchemaEnv) != "" {
 		os.Exit(runChildDispatcher())
 	}
+	// BenchmarkDrainMemory starts it again as a dispatcher of its own.
+	if os.Getenv(memoryChildSchemaEnv) != "" {
+		os.Exit(runMemoryChild())
+	}
 	pgoncetest.Main(m)
 }

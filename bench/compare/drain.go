@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// The tuned settings of the drain: pgonce's many call slots and big
+// batches, river's many workers and short fetch intervals. Both sides'
+// defaults run beside them.
+const (
+	tunedConcurrency     = 256
+	tunedBatchSize       = 500
+	tunedRiverWorkers    = 2000
+	tunedFetchCooldown   = 2 * time.Millisecond
+	tunedFetchPoll       = 20 * time.Millisecond
+	defaultRiverWorkers  = 100
+	fillTransactionCalls = 1000
+	fillCallers          = 4
+)
+
+func pgonceTunedConfig() dispatcher.Config {
+	return dispatcher.Config{Concurrency: tunedConcurrency, BatchSize: tunedBatchSize}
+}
+
+func riverTunedConfig() *river.Config {
+	return &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: tunedRiverWorkers}},
+		FetchCooldown:     tunedFetchCooldown,
+		FetchPollInterval: tunedFetchPoll,
+	}
+}
+
+// riverDefaultConfig is river's defaults, with the MaxWorkers of its
+// documentation's examples: river requires a number.
+func riverDefaultConfig() *river.Config {
+	return &river.Config{Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: defaultRiverWorkers}}}
+}
+
+// runDrain drains a backlog of the settings' drainCalls with each of the
+// four variants, in the round's order.
+func (env *environment) runDrain(ctx context.Context, round int, forward bool) ([]result, error) {
+	type variant struct {
+		name string
+		run  func(context.Context, string) (time.Duration, error)
+	}
+	variants := []variant{
+		{drainPgonceTuned, func(ctx context.Context, id string) (time.Duration, error) {
+			return env.drainPgonce(ctx, id, pgonceTunedConfig())
+		}},
+		{drainPgonceDefault, func(ctx context.Context, id string) (time.Duration, error) {
+			return env.drainPgonce(ctx, id, dispatcher.Config{})
+		}},
+		{drainRiverTuned, func(ctx context.Context, id string) (time.Duration, error) {
+			return env.drainRiver(ctx, id, riverTunedConfig())
+		}},
+		{drainRiverDefault, func(ctx context.Context, id string) (time.Duration, error) {
+			return env.drainRiver(ctx, id, riverDefaultConfig())
+		}},
+	}
+	var results []result
+	for _, v := range order(variants, forward) {
+		elapsed, err := v.run(ctx, fmt.Sprintf("drain/%d/%s", round, v.name))
+		if err != nil {
+			return results, fmt.Errorf("%s: %w", v.name, err)
+		}
+		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: elapsed})
+	}
+	return results, nil
+}
+
+// drainPgonce submits drainCalls calls through SubmitTx, outside the
+// timer, then times one dispatcher with config from Run until every
+// outcome is recorded.
+func (env *environment) drainPgonce(ctx context.Context, runID string, config dispatcher.Config) (time.Duration, error) {
+	table := env.pgonceTable()
+	if err := env.truncate(ctx, table); err != nil {
+		return 0, err
+	}
+	if err := env.fillPgonce(ctx, runID, env.s.drainCalls); err != nil {
+		return 0, err
+	}
+	if err := env.analyze(ctx, table); err != nil {
+		return 0, err
+	}
+	reached := env.pgonceCounter.expect(env.s.drainCalls, nil)
+	d, err := dispatcher.New(env.pgoncePgx, config)
+	if err != nil {
+		return 0, fmt.Errorf("dispatcher: %w", err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	began := time.Now()
+	go func() { done <- d.Run(runCtx) }()
+	err = env.await(ctx, reached, "the provider calls")
+	if err == nil {
+		err = env.awaitPgonceEmpty(ctx)
+	}
+	elapsed := time.Since(began)
+
+	stop()
+	if runErr := <-done; runErr != nil && !errors.Is(runErr, context.Canceled) {
+		err = errors.Join(err, fmt.Errorf("dispatcher: %w", runErr))
+	}
+	return elapsed, err
+}
+
+// fillPgonce submits n calls of runID through the pgx client's SubmitTx,
+// fillTransactionCalls to a transaction, from fillCallers goroutines.
+func (env *environment) fillPgonce(ctx context.Context, runID string, n int) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	chunks := make(chan int)
+	for range fillCallers {
+		wg.Go(func() {
+			for first := range chunks {
+				err := pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
+					for step := first; step < min(first+fillTransactionCalls, n); step++ {
+						if _, err := env.pgoncePgx.SubmitTx(ctx, tx, pgonceCall(runID, int64(step))); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for first := 0; first < n; first += fillTransactionCalls {
+		chunks <- first
+	}
+	close(chunks)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("fill: %w", err)
+	}
+	return nil
+}
+
+func pgonceCall(runID string, n int64) outbox.Call {
+	return outbox.Call{RunID: runID, Step: n, Tool: compareTool, Args: compareArgs{Round: runID, N: n}}
+}
+
+// riverWorker is river's no-op worker, counting its jobs.
+type riverWorker struct {
+	river.WorkerDefaults[compareArgs]
+	counter *counter
+}
+
+// Work does nothing but count.
+func (w *riverWorker) Work(_ context.Context, job *river.Job[compareArgs]) error {
+	w.counter.hit(job.Args.N)
+	return nil
+}
+
+// newRiverClient returns a river client over river's schema with config,
+// whose no-op worker counts into counter. A config without queues makes
+// an insert-only client.
+func (env *environment) newRiverClient(config *river.Config, counter *counter) (*river.Client[pgx.Tx], error) {
+	config.Schema = env.schemaRiver
+	config.Logger = slog.New(slog.DiscardHandler)
+	if counter != nil {
+		workers := river.NewWorkers()
+		if err := river.AddWorkerSafely(workers, &riverWorker{counter: counter}); err != nil {
+			return nil, err
+		}
+		config.Workers = workers
+	}
+	client, err := river.NewClient(riverpgxv5.New(env.pool), config)
+	if err != nil {
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+	return client, nil
+}
+
+// drainRiver inserts drainCalls jobs with InsertManyFast, outside the
+// timer, then times one client with config from Start until every job is
+// completed.
+func (env *environment) drainRiver(ctx context.Context, runID string, config *river.Config) (time.Duration, error) {
+	table := env.riverTable()
+	if err := env.truncate(ctx, table); err != nil {
+		return 0, err
+	}
+	counter := newCounter()
+	client, err := env.newRiverClient(config, counter)
+	if err != nil {
+		return 0, err
+	}
+	params := make([]river.InsertManyParams, env.s.drainCalls)
+	for n := range params {
+		params[n] = river.InsertManyParams{Args: compareArgs{Round: runID, N: int64(n)}}
+	}
+	if _, err := client.InsertManyFast(ctx, params); err != nil {
+		return 0, fmt.Errorf("fill: %w", err)
+	}
+	if err := env.analyze(ctx, table); err != nil {
+		return 0, err
+	}
+	reached := counter.expect(env.s.drainCalls, nil)
+
+	began := time.Now()
+	if err := client.Start(ctx); err != nil {
+		return 0, fmt.Errorf("start: %w", err)
+	}
+	err = env.await(ctx, reached, "the worker's jobs")
+	if err == nil {
+		err = env.awaitRiverEmpty(ctx)
+	}
+	elapsed := time.Since(began)
+
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if stopErr := client.Stop(stopCtx); stopErr != nil {
+		err = errors.Join(err, fmt.Errorf("stop: %w", stopErr))
+	}
+	return elapsed, err
+}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"encoding/csv"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The variants, by phase. The names are the CSV's and the printout's.
+const (
+	drainPgonceTuned   = "pgonce tuned"
+	drainPgonceDefault = "pgonce defaults"
+	drainRiverTuned    = "river tuned"
+	drainRiverDefault  = "river defaults"
+
+	enqueueBarePgx     = "bare pgx"
+	enqueueBareSQL     = "bare database/sql"
+	enqueuePgoncePgx   = "pgonce SubmitTx pgx"
+	enqueuePgonceSQL   = "pgonce SubmitTx database/sql"
+	enqueueRiver       = "river InsertTx"
+	enqueueRiverUnique = "river InsertTx unique"
+	endToEndPgonce     = "pgonce"
+	endToEndRiver      = "river"
+	floorPgbench       = "pgbench model"
+	unitCallsPerSecond = "calls/s"
+	unitTxPerSecond    = "tx/s"
+	unitRowsPerSecond  = "rows/s"
+	ratioPhase         = "ratio"
+)
+
+// result is one measurement.
+type result struct {
+	round   int
+	phase   string
+	variant string
+	clients int
+	count   int
+	elapsed time.Duration
+	// p50 and p99 are the commit-to-call latencies, end to end only.
+	p50, p99   time.Duration
+	hasLatency bool
+}
+
+// rate is the measurement's throughput per second.
+func (r result) rate() float64 { return float64(r.count) / r.elapsed.Seconds() }
+
+func (r result) String() string {
+	s := fmt.Sprintf("%-7s %-30s", r.phase, r.variant)
+	if r.phase == phaseEnqueue {
+		s += fmt.Sprintf(" %2d clients", r.clients)
+	}
+	s += fmt.Sprintf(" %8d in %8s: %10.0f/s", r.count, r.elapsed.Round(time.Millisecond), r.rate())
+	if r.hasLatency {
+		s += fmt.Sprintf(", commit to call p50 %s p99 %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+	}
+	return s
+}
+
+// resultSet is every measurement of the run.
+type resultSet struct {
+	all []result
+}
+
+func (rs *resultSet) add(results ...result) { rs.all = append(rs.all, results...) }
+
+// find returns the measurement of round, or false.
+func (rs *resultSet) find(round int, phase, variant string, clients int) (result, bool) {
+	for _, r := range rs.all {
+		if r.round == round && r.phase == phase && r.variant == variant && r.clients == clients {
+			return r, true
+		}
+	}
+	return result{}, false
+}
+
+// series is one variant across the rounds.
+type series struct {
+	phase, variant string
+	clients        int
+	unit           string
+	rates          []float64
+	p50s, p99s     []float64 // milliseconds
+}
+
+// ratio is one quotient across the rounds: each round's own ratio, so
+// that both sides of every quotient saw the same machine.
+type ratio struct {
+	phase, name string
+	clients     int
+	values      []float64
+	rounds      []int
+}
+
+// ratioDef defines a ratio: num's rate ÷ den's rate, or den's ÷ num's
+// (a ratio of times per transaction) when costs is set.
+type ratioDef struct {
+	name             string
+	numPhase, numVar string
+	denPhase, denVar string
+	clients          int
+	costs            bool
+}
+
+// summary is what the run measured, aggregated.
+type summary struct {
+	series []series
+	ratios []ratio
+}
+
+func (rs *resultSet) summarize(s settings) summary {
+	var sum summary
+	seen := map[string]int{}
+	for _, r := range rs.all {
+		id := fmt.Sprintf("%s\x00%s\x00%d", r.phase, r.variant, r.clients)
+		i, ok := seen[id]
+		if !ok {
+			i = len(sum.series)
+			seen[id] = i
+			sum.series = append(sum.series, series{phase: r.phase, variant: r.variant, clients: r.clients, unit: unitOf(r.phase)})
+		}
+		sum.series[i].rates = append(sum.series[i].rates, r.rate())
+		if r.hasLatency {
+			sum.series[i].p50s = append(sum.series[i].p50s, milliseconds(r.p50))
+			sum.series[i].p99s = append(sum.series[i].p99s, milliseconds(r.p99))
+		}
+	}
+
+	defs := []ratioDef{
+		{name: "drain tuned: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceTuned, denPhase: phaseDrain, denVar: drainRiverTuned},
+		{name: "drain defaults: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainRiverDefault},
+		{name: "drain: pgonce defaults ÷ pgonce tuned", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainPgonceTuned},
+	}
+	for _, clients := range s.enqueueClients {
+		defs = append(defs,
+			ratioDef{name: "enqueue: pgonce pgx ÷ river unique", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueRiverUnique, clients: clients},
+			ratioDef{name: "enqueue: pgonce database/sql ÷ river unique", numPhase: phaseEnqueue, numVar: enqueuePgonceSQL, denPhase: phaseEnqueue, denVar: enqueueRiverUnique, clients: clients},
+			ratioDef{name: "enqueue: pgonce pgx ÷ river plain", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueRiver, clients: clients},
+			ratioDef{name: "tx cost: SubmitTx pgx ÷ bare pgx", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueBarePgx, clients: clients, costs: true},
+			ratioDef{name: "tx cost: SubmitTx database/sql ÷ bare database/sql", numPhase: phaseEnqueue, numVar: enqueuePgonceSQL, denPhase: phaseEnqueue, denVar: enqueueBareSQL, clients: clients, costs: true},
+			ratioDef{name: "tx cost: river unique ÷ bare pgx", numPhase: phaseEnqueue, numVar: enqueueRiverUnique, denPhase: phaseEnqueue, denVar: enqueueBarePgx, clients: clients, costs: true},
+		)
+	}
+	defs = append(defs,
+		ratioDef{name: "end to end: pgonce ÷ river", numPhase: phaseEndToEnd, numVar: endToEndPgonce, denPhase: phaseEndToEnd, denVar: endToEndRiver},
+		ratioDef{name: "floor: pgonce tuned drain ÷ pgbench model", numPhase: phaseDrain, numVar: drainPgonceTuned, denPhase: phaseFloor, denVar: floorPgbench},
+		ratioDef{name: "floor: pgonce defaults drain ÷ pgbench model", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseFloor, denVar: floorPgbench},
+		ratioDef{name: "floor: river tuned drain ÷ pgbench model", numPhase: phaseDrain, numVar: drainRiverTuned, denPhase: phaseFloor, denVar: floorPgbench},
+		ratioDef{name: "floor: end to end pgonce ÷ pgbench model", numPhase: phaseEndToEnd, numVar: endToEndPgonce, denPhase: phaseFloor, denVar: floorPgbench},
+	)
+	for _, def := range defs {
+		q := ratio{phase: def.numPhase, name: def.name, clients: def.clients}
+		for round := range s.rounds {
+			num, ok1 := rs.find(round, def.numPhase, def.numVar, def.clients)
+			den, ok2 := rs.find(round, def.denPhase, def.denVar, denClients(def))
+			if !ok1 || !ok2 {
+				continue
+			}
+			v := num.rate() / den.rate()
+			if def.costs {
+				v = den.rate() / num.rate()
+			}
+			q.values = append(q.values, v)
+			q.rounds = append(q.rounds, round)
+		}
+		if len(q.values) > 0 {
+			sum.ratios = append(sum.ratios, q)
+		}
+	}
+	return sum
+}
+
+// denClients is the client count of a ratio's denominator: the floor and
+// the other phases have none.
+func denClients(def ratioDef) int {
+	if def.denPhase == phaseEnqueue {
+		return def.clients
+	}
+	return 0
+}
+
+func unitOf(phase string) string {
+	switch phase {
+	case phaseEnqueue:
+		return unitTxPerSecond
+	case phaseFloor:
+		return unitRowsPerSecond
+	default:
+		return unitCallsPerSecond
+	}
+}
+
+// text renders the summary for the terminal.
+func (sum summary) text(env *environment) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nmedians of %d rounds (min–max); rates per second\n", env.s.rounds)
+	phase := ""
+	for _, se := range sum.series {
+		if se.phase != phase {
+			phase = se.phase
+			fmt.Fprintf(&b, "\n%s (%s)\n", phaseTitle(phase), se.unit)
+		}
+		label := se.variant
+		if se.phase == phaseEnqueue {
+			label = fmt.Sprintf("%s, %d clients", se.variant, se.clients)
+		}
+		lo, hi := slices.Min(se.rates), slices.Max(se.rates)
+		fmt.Fprintf(&b, "  %-44s %10.0f   (%.0f–%.0f)", label, median(se.rates), lo, hi)
+		if len(se.p50s) > 0 {
+			fmt.Fprintf(&b, "   commit to call p50 %.2f ms (%.2f–%.2f), p99 %.2f ms (%.2f–%.2f)",
+				median(se.p50s), slices.Min(se.p50s), slices.Max(se.p50s),
+				median(se.p99s), slices.Min(se.p99s), slices.Max(se.p99s))
+		}
+		b.WriteString("\n")
+	}
+	if len(sum.ratios) > 0 {
+		b.WriteString("\nratios (median of each round's ratio, min–max)\n")
+		for _, q := range sum.ratios {
+			label := q.name
+			if q.clients > 0 {
+				label = fmt.Sprintf("%s, %d clients", q.name, q.clients)
+			}
+			fmt.Fprintf(&b, "  %-62s %6.2f×  (%.2f–%.2f)\n", label, median(q.values), slices.Min(q.values), slices.Max(q.values))
+		}
+	}
+	return b.String()
+}
+
+func phaseTitle(phase string) string {
+	switch phase {
+	case phaseDrain:
+		return "drain of a backlog, no-op provider and worker"
+	case phaseEnqueue:
+		return "caller transactions: a business row, and the library's insert beside it"
+	case phaseEndToEnd:
+		return "end to end: callers submit while one dispatcher or client runs the calls"
+	case phaseFloor:
+		return "floor: pgbench over pgonce's claim and batch completion"
+	}
+	return phase
+}
+
+// writeCSV writes every measurement, then every round's ratios, to path.
+func (rs *resultSet) writeCSV(path string, sum summary) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return fmt.Errorf("write CSV: %w", err)
+	}
+	file, err := os.Create(path) //nolint:gosec // the path is the operator's setting
+	if err != nil {
+		return fmt.Errorf("write CSV: %w", err)
+	}
+	w := csv.NewWriter(file)
+	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio"})
+	for _, r := range rs.all {
+		p50, p99 := "", ""
+		if r.hasLatency {
+			p50, p99 = formatFloat(milliseconds(r.p50), 3), formatFloat(milliseconds(r.p99), 3)
+		}
+		_ = w.Write([]string{
+			"run", strconv.Itoa(r.round + 1), r.phase, r.variant, strconv.Itoa(r.clients), strconv.Itoa(r.count),
+			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "",
+		})
+	}
+	for _, q := range sum.ratios {
+		for i, v := range q.values {
+			_ = w.Write([]string{
+				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4),
+			})
+		}
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		_ = file.Close()
+		return fmt.Errorf("write CSV: %w", err)
+	}
+	if err := file.Close(); err != nil {
+		return fmt.Errorf("write CSV: %w", err)
+	}
+	return nil
+}
+
+// median returns the median of values, the mean of the middle two for an
+// even count.
+func median(values []float64) float64 {
+	sorted := slices.Clone(values)
+	slices.Sort(sorted)
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
+
+// quantile returns the q quantile of durations (nearest rank).
+func quantile(durations []time.Duration, q float64) time.Duration {
+	if len(durations) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(durations)
+	slices.Sort(sorted)
+	i := min(int(q*float64(len(sorted))), len(sorted)-1)
+	return sorted[i]
+}
+
+func milliseconds(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+func formatFloat(v float64, digits int) string { return strconv.FormatFloat(v, 'f', digits, 64) }
