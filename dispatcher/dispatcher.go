@@ -238,8 +238,22 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	return nil
 }
 
+// served returns the tools this dispatcher claims: those of its registry
+// but the [outbox.ToolOpts.InlineOnly] ones, whose keys only their
+// callers' [outbox.Client.Do] runs.
+func served(registry *outbox.Registry) []string {
+	names := registry.Names()
+	tools := names[:0]
+	for _, name := range names {
+		if tool := registry.Lookup(name); tool != nil && !tool.Opts.InlineOnly {
+			tools = append(tools, name)
+		}
+	}
+	return tools
+}
+
 func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attempt, error) {
-	tools := d.registry.Names()
+	tools := served(d.registry)
 	if len(tools) == 0 {
 		return nil, nil
 	}
@@ -453,6 +467,8 @@ func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
 	countCtx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
 	rows, err := d.store.CountUnserved(countCtx, &store.CountUnservedParams{
+		// Inline-only tools are registered here and run by their callers:
+		// their pending keys wait for them, and are not unserved.
 		Tools: d.registry.Names(),
 		Age:   d.config.UnservedAfter,
 	})

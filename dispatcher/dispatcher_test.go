@@ -653,6 +653,56 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Zero(t, res.Attempts)
 	})
 
+	t.Run("InlineOnlyToolIsNeitherClaimedNorReported", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// This process serves refund, and registers inline for its callers
+		// alone; email it does not register.
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", bundle.ledger, outbox.IdempotentByKey))
+		require.NoError(t, registry.RegisterWithOpts("inline", bundle.ledger, outbox.IdempotentByKey, &outbox.ToolOpts{InlineOnly: true}))
+		narrow := bundle.clientWith(t, registry)
+		email := bundle.submitAll(t, bundle.client, []outbox.Call{call("email", 1)})[0]
+		// The inline key is due first: a claim that took it would take it
+		// with the refund, in the same batch.
+		keys := bundle.submitAll(t, narrow, []outbox.Call{call("inline", 2), call("refund", 3)})
+		inline, refund := keys[0], keys[1]
+
+		logger, logs := pgoncetest.CaptureLogs()
+		config := fastConfig()
+		config.Logger, config.UnservedAfter = logger, time.Millisecond
+		d, err := dispatcher.New(narrow, config)
+		require.NoError(t, err)
+		stop := start(t, d)
+		awaitState(t, bundle.client, refund, outbox.StateSucceeded)
+		unserved := func(tool string) func(pgoncetest.LogRecord) bool {
+			return func(r pgoncetest.LogRecord) bool {
+				return r.Message == "pgonce: pending rows of a tool no dispatcher here serves" && r.Attrs["tool"] == tool
+			}
+		}
+		logs.Await(t, unserved("email")) // the report ran, over both keys
+		stop()
+
+		require.Empty(t, logs.Matching(unserved("inline")), "an inline-only tool's pending key is not unserved")
+		res, err := narrow.Get(t.Context(), inline)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatePending, res.State)
+		require.Zero(t, res.Attempts)
+		calls, _ := bundle.ledger.count(inline)
+		require.Zero(t, calls, "no dispatcher calls an inline-only tool")
+		res, err = bundle.client.Get(t.Context(), email)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatePending, res.State)
+
+		// Its caller's Do claims the pending key at once.
+		res, err = narrow.Do(t.Context(), call("inline", 2), nil)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateSucceeded, res.State)
+		calls, effects := bundle.ledger.count(inline)
+		require.Equal(t, 1, calls)
+		require.Equal(t, 1, effects)
+	})
+
 	t.Run("ServedToolsDrainPastAnUnservedBacklog", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t, driver)

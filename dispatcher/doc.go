@@ -21,7 +21,10 @@
 // whose server vanished is cancelled, its connection dropped, and the next
 // claim takes another. Rows of tools this
 // process does not register are left for processes that do; rows nobody
-// serves for [Config.UnservedAfter] are reported.
+// serves for [Config.UnservedAfter] are reported. Tools registered
+// [outbox.ToolOpts.InlineOnly] are never claimed nor reported: their
+// callers run them with [outbox.Client.Do]. Maintenance (below) still
+// resolves their expired leases.
 //
 // # Outcomes
 //

@@ -5,6 +5,21 @@
 // headers, body bytes) is stored and replayed byte for byte to every later
 // request with the same key.
 //
+// # Registration
+//
+// The middleware's keys are claimed under a tool of their own,
+// [Config.Tool]. Register it with [Register] while building the client's
+// registry; [NewPgx] and [New] refuse a tool it did not register, with
+// [ErrToolNotRegistered], and never change the registry themselves:
+//
+//	registry := outbox.NewRegistry()
+//	if err := idempotency.Register(registry, idempotency.ToolDefault, outbox.AtMostOnce, nil); err != nil {
+//		return err
+//	}
+//
+// The tool is inline-only ([outbox.ToolOpts.InlineOnly]): the middleware
+// runs its keys for the request in hand, and no dispatcher claims them.
+//
 // # Same-transaction mode ([ModeTx], the default)
 //
 // The middleware serves handlers whose effects live in the same PostgreSQL
@@ -35,13 +50,41 @@
 //
 // [ModeLease] is for handlers that call the outside world. The key is
 // claimed in flight under a lease, as [outbox.Client.Do] claims it, the
-// handler runs under the client's CallTimeout, and its response, whatever
-// its status, is stored when it returns. A duplicate while it runs gets 409
-// with Retry-After. A request whose outcome nobody knows (the server was
-// killed mid-request, the handler panicked or overran) is resolved by the
-// tool's delivery, at most once: the key goes to review (by the reconciler,
-// once the lease expires, after a crash) and answers 409 needs-review until
-// an operator resolves it; the handler never runs twice.
+// handler runs under the client's CallTimeout, and its response is stored
+// when it returns. A duplicate while it runs gets 409 with Retry-After. A
+// request whose outcome nobody knows (the server was killed mid-request,
+// the handler panicked or overran) is resolved by the tool's delivery, as
+// [Register] registered it:
+//
+//   - [outbox.AtMostOnce]: the key goes to review (by the reconciler, once
+//     the lease expires, after a crash) and answers 409 needs-review until
+//     an operator resolves it; the handler never runs twice. A 5xx answer
+//     is stored and replayed, as any other.
+//   - [outbox.IdempotentByKey], for a handler that passes the request's key
+//     ([Key]) downstream to an API that deduplicates on it: the key goes
+//     back to pending (by the reconciler, after a crash), and the next
+//     request with it runs the handler again, which the API answers as it
+//     answered the abandoned one. A 5xx answer is no outcome: it is sent,
+//     not stored, and the same key runs again.
+//
+// A route of each kind needs its own tool and middleware:
+//
+//	err := idempotency.Register(registry, "refund_now_request", outbox.IdempotentByKey,
+//		&outbox.ToolOpts{KeyRetention: 24 * time.Hour}) // the downstream API's key window
+//	if err != nil {
+//		return err
+//	}
+//	now, err := idempotency.NewPgx(nil, client, idempotency.Config{
+//		Mode: idempotency.ModeLease, Tool: "refund_now_request", ScopeFunc: accountOf,
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	mux.Handle("POST /refunds/now", now.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//		key, _ := idempotency.Key(r.Context())
+//		// ... call the payment API with key in its Idempotency-Key header,
+//		// and answer with its answer.
+//	})))
 //
 // # Answers
 //
@@ -71,8 +114,8 @@
 //
 // The stored response is the envelope of package httpprovider ([httpprovider.Response]):
 // a JSON object of status, kept headers and body. Keys are claimed under
-// [Config.Tool], registered [outbox.AtMostOnce]: a claim left in flight
-// (a transaction that committed without completing it) goes to review.
+// [Config.Tool]; in [ModeTx] the claim and the response commit together, so
+// no claim is left in flight.
 //
 // # Streaming
 //

@@ -61,6 +61,10 @@ func ExampleNewPgx() {
 	if err := provider.Register(registry, "refund"); err != nil {
 		panic(err)
 	}
+	// The middleware's keys are claimed under a tool of their own.
+	if err := idempotency.Register(registry, idempotency.ToolDefault, outbox.AtMostOnce, nil); err != nil {
+		panic(err)
+	}
 	quiet := slog.New(slog.DiscardHandler)
 	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry, Logger: quiet})
 	if err != nil {

@@ -56,16 +56,16 @@ const (
 	// ModeLease is for handlers that call the outside world: the key is
 	// claimed in flight under a lease, as [outbox.Client.Do] does, the
 	// handler runs under the client's CallTimeout, and its response is
-	// stored once it returns, whatever its status. A request abandoned
-	// mid-way (a crash, a panic, a timeout) is resolved by the reconciler
-	// by the tool's delivery, [outbox.AtMostOnce]: it goes to review, and
-	// the key answers 409 until an operator resolves it.
+	// stored once it returns, whatever its status (but a 5xx on an
+	// [outbox.IdempotentByKey] route, which is no outcome). A request
+	// abandoned mid-way (a crash, a panic, a timeout) is resolved by the
+	// tool's delivery, as [Register] registered it: [outbox.AtMostOnce]
+	// sends it to review, and the key answers 409 until an operator
+	// resolves it; [outbox.IdempotentByKey], for a handler that passes
+	// [Key] downstream, puts it back to pending, and the next request with
+	// the key runs the handler again.
 	ModeLease
 )
-
-// ErrInvalidConfig is returned by [NewPgx] and [New] for an invalid
-// [Config].
-var ErrInvalidConfig = errors.New("invalid idempotency config")
 
 // Config configures a [Middleware]. Its zero value works, but a service
 // with more than one account must set ScopeFunc.
@@ -90,9 +90,9 @@ type Config struct {
 	// never receives another's stored response, nor blocks another's key.
 	// An error answers 401. Defaults to one scope for every request.
 	ScopeFunc func(r *http.Request) (string, error)
-	// Tool is the registered tool name the keys are claimed under; [NewPgx]
-	// and [New] register it in the client's registry when it is missing.
-	// Defaults to [ToolDefault].
+	// Tool is the tool name the keys are claimed under. It must be
+	// registered in the client's registry by [Register]. Defaults to
+	// [ToolDefault].
 	Tool string
 	// KeepHeaders names the response headers stored and replayed with the
 	// status and body. Defaults to every header the handler set but
@@ -164,13 +164,16 @@ type Middleware[TTx any] struct {
 	client *outbox.Client[TTx]
 	config Config
 	tx     txFuncs[TTx]
+	// keyed is set when the tool is delivered [outbox.IdempotentByKey]:
+	// the handler passes the key downstream, so running it again is safe.
+	keyed bool
 }
 
 // NewPgx returns a middleware over pool for a client of the same database.
-// It registers [Config.Tool] in the client's registry, delivered
-// [outbox.AtMostOnce], when no tool of that name is registered. It returns
-// an error matching [ErrInvalidConfig] for an invalid config, or a client
-// without a registry.
+// [Config.Tool] must be registered in the client's registry by [Register].
+// It returns an error matching [ErrInvalidConfig] for an invalid config or a
+// client without a registry, and also [ErrToolNotRegistered] when the tool
+// is not registered by [Register].
 //
 // pool may be nil in [ModeLease], which opens no transaction.
 func NewPgx(pool *pgxpool.Pool, client *outbox.Client[pgx.Tx], config Config) (*Middleware[pgx.Tx], error) {
@@ -206,20 +209,17 @@ func newMiddleware[TTx any](client *outbox.Client[TTx], config Config, tx txFunc
 	if registry == nil {
 		return nil, fmt.Errorf("%w: the client needs a Registry", ErrInvalidConfig)
 	}
-	if registry.Lookup(config.Tool) == nil {
-		// The keys are completed in their own transaction and never
-		// dispatched; a claim abandoned in flight goes to review.
-		abandoned := outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
-			return nil, outbox.Permanent(errors.New("an HTTP request cannot be replayed by a dispatcher"))
-		})
-		if err := registry.Register(config.Tool, abandoned, outbox.AtMostOnce); err != nil && registry.Lookup(config.Tool) == nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
+	if err := checkTool(registry, config.Tool); err != nil {
+		return nil, err
 	}
-	return &Middleware[TTx]{client: client, config: config, tx: tx}, nil
+	keyed := registry.Lookup(config.Tool).Delivery == outbox.IdempotentByKey
+	return &Middleware[TTx]{client: client, config: config, tx: tx, keyed: keyed}, nil
 }
 
-type txKey struct{}
+type (
+	txKey  struct{}
+	keyKey struct{}
+)
 
 // Tx returns the transaction the middleware opened for the request of ctx:
 // the handler's writes in it commit together with the stored response. It
@@ -228,6 +228,18 @@ type txKey struct{}
 func Tx[TTx any](ctx context.Context) (TTx, bool) {
 	tx, ok := ctx.Value(txKey{}).(TTx)
 	return tx, ok
+}
+
+// Key returns the key of the request of ctx as the store knows it: derived
+// from the request's scope, its Idempotency-Key and the request itself, the
+// same for every retry of the request, and never the same for two scopes.
+// A handler that calls an API which deduplicates on a key of its own passes
+// this one downstream (see [Register] and [outbox.IdempotentByKey]); the
+// client's header alone would let two accounts' keys meet there. It reports
+// false outside the middleware, and for requests it passed through.
+func Key(ctx context.Context) (outbox.Key, bool) {
+	key, ok := ctx.Value(keyKey{}).(outbox.Key)
+	return key, ok
 }
 
 // Handler wraps next.
@@ -310,7 +322,7 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 	}
 
 	rec := newRecorder(m.config.MaxResponseBytes)
-	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, txKey{}, tx)))
+	next.ServeHTTP(rec, r.WithContext(context.WithValue(context.WithValue(ctx, txKey{}, tx), keyKey{}, claimed.Key)))
 	switch {
 	case rec.tooLarge:
 		writeProblem(w, http.StatusInternalServerError, "response-too-large", "Response is too large to store",
@@ -342,25 +354,41 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 
 // serveLease runs the request as [outbox.Client.Do] runs a provider.
 func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, next http.Handler, call outbox.Call) {
-	var ran *recorder
-	handler := outbox.ProviderFunc(func(ctx context.Context, _ outbox.Request) (json.RawMessage, error) {
+	var (
+		ran      *recorder
+		encoded  json.RawMessage
+		unstored *recorder
+	)
+	handler := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 		rec := newRecorder(m.config.MaxResponseBytes)
-		next.ServeHTTP(rec, r.WithContext(ctx))
+		next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, keyKey{}, req.Key)))
 		if rec.tooLarge {
 			// The handler may have acted: its outcome is unknown.
 			return nil, outbox.Ambiguous(errResponseTooLarge)
 		}
-		ran = rec
-		return (&httpprovider.Response{Status: rec.status, Header: m.keep(rec.header), Body: rec.body.Bytes()}).Encode()
+		if m.keyed && rec.status >= 500 {
+			// On a route that passes the key downstream, a server error
+			// is no outcome, as in ModeTx: the key stays pending and the
+			// next request with it runs the handler again.
+			unstored = rec
+			return nil, outbox.Ambiguous(fmt.Errorf("the handler answered %d", rec.status))
+		}
+		stored, err := (&httpprovider.Response{Status: rec.status, Header: m.keep(rec.header), Body: rec.body.Bytes()}).Encode()
+		ran, encoded = rec, stored
+		return stored, err
 	})
 	res, err := m.client.Do(r.Context(), call, handler)
 	switch {
+	case err != nil && unstored != nil && errors.Is(err, outbox.ErrProviderFailed):
+		unstored.send(w, unstored.header)
 	case err != nil:
 		m.writeError(w, err)
 	case res.State == outbox.StateNeedsReview:
 		writeProblem(w, http.StatusConflict, "needs-review", "The outcome of the request with this Idempotency-Key is unknown",
 			"An operator must resolve it; nothing runs again until then.", 0)
-	case ran != nil && res.Created && res.State == outbox.StateSucceeded:
+	case ran != nil && res.State == outbox.StateSucceeded && bytes.Equal(res.Response, encoded):
+		// This request ran the handler (the first of its key, or the
+		// retry of an abandoned one), and its response is the one stored.
 		ran.send(w, ran.header)
 	default:
 		m.replay(w, res)

@@ -46,7 +46,7 @@ func setup[TTx any](t *testing.T, driver drivertest.Driver[TTx], config idempote
 	schema := pgoncetest.Schema(t)
 	_, err := pgoncetest.Pool(t).Exec(t.Context(), `CREATE TABLE `+ident.Quote(schema)+`.refund (id bigserial PRIMARY KEY, account text, amount int)`)
 	require.NoError(t, err)
-	client := driver.Client(t, outbox.Config{Schema: schema, Registry: outbox.NewRegistry()})
+	client := driver.Client(t, outbox.Config{Schema: schema, Registry: routeRegistry(t)})
 	if config.ScopeFunc == nil {
 		config.ScopeFunc = func(r *http.Request) (string, error) {
 			if account := r.Header.Get("Account"); account != "" {

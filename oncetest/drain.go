@@ -65,7 +65,9 @@ func (r DrainResult) Attempts() int { return len(r.Keys) }
 // Due means by the client's clock: [outbox.Config.NowFunc] when set (a
 // [Clock]), else the database's. A call that fails and is retried becomes
 // due again after its backoff, so it stays pending when Drain returns;
-// keys of tools the client does not register are left alone.
+// keys of tools the client does not register are left alone, and so are
+// keys of [outbox.ToolOpts.InlineOnly] tools, which, as with a dispatcher,
+// only their callers' [outbox.Client.Do] runs.
 //
 // Drain returns [ErrInvalidOpts] for a nil client or negative options,
 // [ErrDrainLimit] after opts.MaxCalls attempts with calls still due, and
@@ -82,7 +84,7 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 	config := client.Config()
 	runner := attempt.Of(client)
 	worker := ident.WorkerID(config.WorkerID)
-	tools := config.Registry.Names()
+	tools := served(config.Registry)
 
 	var result DrainResult
 	for {
@@ -222,4 +224,17 @@ func nowParam(config outbox.Config) *time.Time {
 	}
 	now := config.NowFunc()
 	return &now
+}
+
+// served returns the tools a dispatcher of registry claims: all but the
+// [outbox.ToolOpts.InlineOnly] ones.
+func served(registry *outbox.Registry) []string {
+	names := registry.Names()
+	tools := names[:0]
+	for _, name := range names {
+		if tool := registry.Lookup(name); tool != nil && !tool.Opts.InlineOnly {
+			tools = append(tools, name)
+		}
+	}
+	return tools
 }

@@ -219,6 +219,22 @@ func testDrain[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 		oncetest.RequireNotCalled(t, mails, "email")
 	})
 
+	t.Run("LeavesInlineOnlyToolsToTheirCallers", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		requests := &oncetest.Recorder{}
+		require.NoError(t, bundle.registry.RegisterWithOpts("http_request", requests, outbox.IdempotentByKey, &outbox.ToolOpts{InlineOnly: true}))
+		d.SubmitKeys(t, bundle.client, []outbox.Call{
+			{RunID: "run-b", Step: 1, Tool: "http_request", Args: map[string]any{"path": "/refunds"}},
+			refund("run-a", 2),
+		})
+
+		res, err := oncetest.Drain(t.Context(), bundle.client, nil)
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Succeeded)
+		oncetest.RequireNotCalled(t, requests, "http_request")
+	})
+
 	t.Run("StopsAtMaxCallsAndReleasesTheRest", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

@@ -34,6 +34,11 @@ import (
 // for [LookupByNaturalID] tools, and sends [AtMostOnce] tools to
 // [StateNeedsReview].
 //
+// For a tool registered [ToolOpts.InlineOnly], Do is the only runner: no
+// dispatcher claims its keys, so a key left pending (a provider error, or
+// an expired lease the reconciler put back) runs again only at the next Do
+// of the same call.
+//
 // A scheduled call ([Call.NotBefore] or [Call.Delay] in the future) is not
 // run before its time: Do submits it pending, as [Client.Submit] would, and
 // returns [ErrInProgress] with a pending Result whose RetryAfter says how

@@ -54,7 +54,10 @@
 //
 // [Client.List] pages through the keys an operator acts on (pending, in
 // flight, failed, in review, cancelled) by state, tool, tenant, run and
-// creation time, on an index. [Client.Cancel] cancels a pending key and
+// creation time, on an index. [Client.Run] returns a run's steps in step
+// order, finished ones included, and [Client.Stats] counts keys per tool
+// and state without reading a large table whole. [Client.Cancel] cancels a
+// pending key and
 // [Client.Retry] runs a failed or cancelled key again; [Client.Resolve]
 // decides a key in review. Each is recorded with who and why, and none
 // touches a key in flight. [Call.NotBefore] and [Call.Delay] schedule a

@@ -183,3 +183,63 @@ func ExampleClient_Cancel() {
 	// decision: cancel by ops@example.com: the customer withdrew
 	// decision: retry by ops@example.com: the customer asked again
 }
+
+// ExampleClient_Run reads an agent's run step by step, finished steps
+// included: the tool calls as the model issued them.
+func ExampleClient_Run() {
+	ctx := context.Background()
+
+	// The database: PGONCE_TEST_DATABASE_URL, as pgonce's own tests use it.
+	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("PGONCE_TEST_DATABASE_URL"),
+		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer func() { _ = db.Close() }()
+
+	// A schema of its own, so that examples running at once never meet.
+	schema := "example_" + strings.ToLower(rand.Text())
+	if err := migrations.Up(ctx, db, schema); err != nil {
+		panic(err)
+	}
+	defer func() { _, _ = db.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA "`+schema+`" CASCADE`) }()
+
+	refunds := outbox.ProviderFunc(func(_ context.Context, req outbox.Request) (json.RawMessage, error) {
+		return json.RawMessage(`{"refunded":` + string(req.Args) + `}`), nil
+	})
+	registry := outbox.NewRegistry()
+	if err := registry.Register("refund", refunds, outbox.IdempotentByKey); err != nil {
+		panic(err)
+	}
+	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	if err != nil {
+		panic(err)
+	}
+	// Steps 0 and 1 ran; step 2 waits for a dispatcher.
+	for step := range int64(3) {
+		call := outbox.Call{RunID: "run_01J9Z", Step: step, Tool: "refund", Args: map[string]any{"order": 8840 + step}}
+		if step < 2 {
+			_, err = client.Do(ctx, call, nil)
+		} else {
+			_, err = client.Submit(ctx, call)
+		}
+		if err != nil {
+			panic(err)
+		}
+	}
+
+	res, err := client.Run(ctx, outbox.RunParams{RunID: "run_01J9Z"})
+	if err != nil {
+		panic(err)
+	}
+	for _, s := range res.Steps {
+		fmt.Printf("step %d %s %s %s\n", s.Step, s.Tool, s.State, s.Response)
+	}
+
+	// Output:
+	// step 0 refund succeeded {"refunded":{"order":8840}}
+	// step 1 refund succeeded {"refunded":{"order":8841}}
+	// step 2 refund pending
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pgonce/pgonce/internal/store"
@@ -126,11 +127,25 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 	return inspection, nil
 }
 
+// StatsExactPagesMax is the largest key table, in pages of the server's
+// block size (8 kB unless PostgreSQL was built otherwise), that
+// [Client.Stats] counts exactly: 1280 pages, 10 MB, some 25,000 finished
+// keys. A larger table is never read whole.
+const StatsExactPagesMax = 1280
+
 // Stats summarises a schema for operators.
 type Stats struct {
 	// Keys counts keys per tool and state; tombstones count as
-	// [StateExpired].
+	// [StateExpired] under the empty tool, for they keep no tool. A state
+	// without keys is left out. The counts of the states in Estimated are
+	// estimates; all others are exact.
 	Keys map[string]map[State]int64 `json:"keys"`
+	// Estimated lists the states whose counts in Keys, and Tombstones for
+	// [StateExpired], are estimates from the planner's statistics rather
+	// than counts: [StateSucceeded] and [StateExpired] when the key table
+	// is larger than [StatsExactPagesMax]. It is empty when every figure is
+	// exact.
+	Estimated []State `json:"estimated"`
 	// Pending and InFlight count open keys.
 	Pending  int64 `json:"pending"`
 	InFlight int64 `json:"in_flight"`
@@ -139,21 +154,40 @@ type Stats struct {
 	ExpiredLeases int64 `json:"expired_leases"`
 	// OldestPending is how long the oldest due pending key has waited.
 	OldestPending time.Duration `json:"oldest_pending_ns"`
+	// OldestPendingByTool is, for every tool with a pending key, how long
+	// its oldest due pending key has waited; 0 for a tool none of whose
+	// pending keys is due yet. A tool without pending keys has no entry.
+	OldestPendingByTool map[string]time.Duration `json:"oldest_pending_by_tool_ns"`
 	// NeedsReview counts keys waiting for an operator.
 	NeedsReview int64 `json:"needs_review"`
 	// Tombstones counts pruned keys still remembered.
 	Tombstones int64 `json:"tombstones"`
 }
 
-// Stats counts keys by tool and state and summarises the queue. It reads the
-// whole key table: meant for operators and alerting, not for hot paths.
+// Stats counts keys by tool and state and summarises the queue, without
+// reading the whole of a large key table. Pending, in-flight, failed,
+// cancelled and needs-review keys, the expired leases and the oldest
+// pending keys are exact: they are read from the partial indexes that hold
+// those keys alone (pgonce_key_list_idx, pgonce_key_due_idx,
+// pgonce_key_lease_idx). Succeeded keys and tombstones, nearly all of a
+// large table, are counted exactly in a table of at most
+// [StatsExactPagesMax] pages and estimated above that, from the table's
+// size and the statistics ANALYZE keeps (autovacuum analyzes the key table
+// after 2% of its rows changed); [Stats.Estimated] says which. Before a
+// large table was first analyzed, its succeeded keys and tombstones count
+// as none, and a tool too rare to be among the column's most common values
+// is missing unless one of its keys is in a state counted exactly. The
+// figures come from several statements, not one snapshot.
 func (c *Client[TTx]) Stats(ctx context.Context) (Stats, error) {
 	stats := Stats{Keys: map[string]map[State]int64{}}
-	counts, err := c.store.CountByToolAndState(ctx)
+	counts, err := c.store.KeyCounts(ctx, c.nowParam(), StatsExactPagesMax)
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
-	for _, row := range counts {
+	if counts.Estimated {
+		stats.Estimated = []State{StateSucceeded, StateExpired}
+	}
+	for _, row := range counts.Counts {
 		if stats.Keys[row.Tool] == nil {
 			stats.Keys[row.Tool] = map[State]int64{}
 		}
@@ -165,13 +199,18 @@ func (c *Client[TTx]) Stats(ctx context.Context) (Stats, error) {
 			stats.Tombstones += row.Keys
 		}
 	}
+	stats.OldestPendingByTool = counts.OldestPending
 	queue, err := c.store.QueueStats(ctx, c.nowParam())
-	if err == nil {
-		stats.Pending, stats.InFlight, stats.ExpiredLeases = queue.Pending, queue.InFlight, queue.ExpiredLeases
-		stats.OldestPending = queue.OldestPending
-	}
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats: %w", err)
 	}
+	stats.Pending, stats.InFlight, stats.ExpiredLeases = queue.Pending, queue.InFlight, queue.ExpiredLeases
+	stats.OldestPending = queue.OldestPending
 	return stats, nil
+}
+
+// IsEstimated reports whether the count of state in [Stats.Keys] is an
+// estimate.
+func (s Stats) IsEstimated(state State) bool {
+	return slices.Contains(s.Estimated, state)
 }

@@ -167,13 +167,10 @@ func deriveCall(c Call, full bool) (derivation, error) {
 	d := derivation{Key: Key(keyBuf[:])}
 
 	if full {
-		f = appendField(f[:0], tagScope)
 		if c.Key == "" {
-			f = appendField(f, kindStep)
-			f = appendField(f, c.Tenant)
-			f = appendField(f, c.RunID)
-			f = appendField(f, step)
+			f = appendStepScopeFrame(f[:0], c.Tenant, c.RunID, step)
 		} else {
+			f = appendField(f[:0], tagScope)
 			f = appendField(f, kindBusiness)
 			f = appendField(f, c.Tenant)
 			f = appendField(f, c.Key)
@@ -217,19 +214,28 @@ func (c Call) validate() error {
 		{"Key", c.Key},
 		{"NaturalID", c.NaturalID},
 	} {
-		if len(field.value) > CallStringMaxBytes {
-			return &InvalidCallError{Field: field.name, Reason: fmt.Sprintf("must be at most %d bytes, got %d", CallStringMaxBytes, len(field.value))}
-		}
-		if !utf8.ValidString(field.value) {
-			return &InvalidCallError{Field: field.name, Reason: "must be valid UTF-8"}
-		}
-		// PostgreSQL text cannot hold NUL: refused here, before any SQL, it
-		// cannot abort the caller's transaction (SQLSTATE 22021).
-		if i := strings.IndexByte(field.value, 0); i >= 0 {
-			return &InvalidCallError{Field: field.name, Reason: fmt.Sprintf("must not contain NUL bytes, found one at byte %d", i)}
+		if reason := callStringProblem(field.value); reason != "" {
+			return &InvalidCallError{Field: field.name, Reason: reason}
 		}
 	}
 	return nil
+}
+
+// callStringProblem says what is wrong with a call's string field, or
+// returns "" when nothing is.
+func callStringProblem(value string) string {
+	if len(value) > CallStringMaxBytes {
+		return fmt.Sprintf("must be at most %d bytes, got %d", CallStringMaxBytes, len(value))
+	}
+	if !utf8.ValidString(value) {
+		return "must be valid UTF-8"
+	}
+	// PostgreSQL text cannot hold NUL: refused here, before any SQL, it
+	// cannot abort the caller's transaction (SQLSTATE 22021).
+	if i := strings.IndexByte(value, 0); i >= 0 {
+		return fmt.Sprintf("must not contain NUL bytes, found one at byte %d", i)
+	}
+	return ""
 }
 
 // validToolName reports whether name matches toolNamePattern, without the
@@ -246,6 +252,31 @@ func validToolName(name string) bool {
 		}
 	}
 	return true
+}
+
+// appendStepScopeFrame appends the frame a step call's scope hashes: the
+// tenant, the run and the step in decimal, whatever the tool and arguments.
+func appendStepScopeFrame(f []byte, tenant, runID string, step []byte) []byte {
+	f = appendField(f, tagScope)
+	f = appendField(f, kindStep)
+	f = appendField(f, tenant)
+	f = appendField(f, runID)
+	return appendField(f, step)
+}
+
+// stepScopes returns the scopes of steps from, from+1, … from+n-1 of run
+// runID in tenant, in their hex form: the scopes every step call of those
+// steps has, whatever its tool and arguments.
+func stepScopes(tenant, runID string, from int64, n int) []string {
+	scopes := make([]string, n)
+	var f []byte
+	var stepBuf [20]byte
+	for i := range scopes {
+		f = appendStepScopeFrame(f[:0], tenant, runID, strconv.AppendInt(stepBuf[:0], from+int64(i), 10))
+		sum := sha256.Sum256(f)
+		scopes[i] = hex.EncodeToString(sum[:])
+	}
+	return scopes
 }
 
 // appendFingerprintFrame appends the frame a fingerprint hashes: the tool

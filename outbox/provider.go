@@ -110,6 +110,16 @@ type ToolOpts struct {
 	// Middleware runs around every call and lookup of this tool, inside the
 	// client's [Config.Middleware], the first outermost. Defaults to none.
 	Middleware []Middleware
+	// InlineOnly marks a tool whose calls only its callers run, through
+	// [Client.Do] with the provider they pass (an HTTP handler, say, that
+	// only the next request of its key can run again). Dispatchers never
+	// claim its keys and do not report its pending keys as unserved. The
+	// reconciler still resolves its expired leases by its delivery: an
+	// [IdempotentByKey] key goes back to pending, and the next Do of the
+	// same call claims it at once and runs its provider again. A key
+	// submitted pending waits for that Do. Defaults to false: dispatchers
+	// run the tool's registered provider.
+	InlineOnly bool
 }
 
 // Tool is a registered tool.

@@ -138,6 +138,42 @@ SELECT
 FROM /* TEMPLATE: schema */pgonce_key
 WHERE pgonce_key.key = @key::bytea;
 
+-- name: KeyGetByScopes :many
+-- KeyGetByScopes reads the keys of scopes, each on the scope's unique
+-- index: the steps of a run, whose scopes the caller derives (a tombstone
+-- keeps its scope, so a pruned step is found too). scopes is a
+-- comma-separated list of scopes in their hex form (not an array: the
+-- database/sql output of this file would need lib/pq for one). The columns
+-- are KeyGet's; a scope without a key returns no row.
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    coalesce(pgonce_key.natural_id, '')::text AS natural_id,
+    pgonce_key.fingerprint,
+    pgonce_key.state::text AS state,
+    pgonce_key.attempt,
+    pgonce_key.response,
+    pgonce_key.failure,
+    pgonce_key.created_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+    pgonce_key.completed_at,
+    pgonce_key.expires_at,
+    pgonce_key.forget_at,
+    pgonce_key.last_error,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+    pgonce_key.lease_until,
+    pgonce_key.metadata,
+    pgonce_key.delivery,
+    pgonce_key.key_retention_ms,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+FROM unnest(string_to_array(@scopes::text, ',')) AS wanted (scope)
+JOIN /* TEMPLATE: schema */pgonce_key ON pgonce_key.scope = decode(wanted.scope, 'hex');
+
 -- name: KeyExpire :one
 -- KeyExpire turns up to max_rows finished keys past their retention into
 -- compact tombstones, in place: only what a late duplicate needs stays (key,

@@ -48,16 +48,20 @@ With --fail-on-stuck, status then exits 3, for alerting.`,
 
 // statusReport is the JSON of `status --json`.
 type statusReport struct {
-	Schema          string                            `json:"schema"`
-	Keys            map[string]map[outbox.State]int64 `json:"keys"`
-	Pending         int64                             `json:"pending"`
-	InFlight        int64                             `json:"in_flight"`
-	ExpiredLeases   int64                             `json:"expired_leases"`
-	OldestPendingMS int64                             `json:"oldest_pending_ms"`
-	NeedsReview     int64                             `json:"needs_review"`
-	Tombstones      int64                             `json:"tombstones"`
-	Stuck           bool                              `json:"stuck"`
-	StuckReasons    []string                          `json:"stuck_reasons"`
+	Schema string                            `json:"schema"`
+	Keys   map[string]map[outbox.State]int64 `json:"keys"`
+	// Estimated lists the states whose counts in Keys, and Tombstones, are
+	// estimates from the planner's statistics.
+	Estimated             []outbox.State   `json:"estimated"`
+	OldestPendingByToolMS map[string]int64 `json:"oldest_pending_by_tool_ms"`
+	Pending               int64            `json:"pending"`
+	InFlight              int64            `json:"in_flight"`
+	ExpiredLeases         int64            `json:"expired_leases"`
+	OldestPendingMS       int64            `json:"oldest_pending_ms"`
+	NeedsReview           int64            `json:"needs_review"`
+	Tombstones            int64            `json:"tombstones"`
+	Stuck                 bool             `json:"stuck"`
+	StuckReasons          []string         `json:"stuck_reasons"`
 }
 
 func (e *env) status(ctx context.Context, asJSON, failOnStuck bool, stuckAfter time.Duration) error {
@@ -71,15 +75,20 @@ func (e *env) status(ctx context.Context, asJSON, failOnStuck bool, stuckAfter t
 		return err
 	}
 	report := statusReport{
-		Schema:          c.schema,
-		Keys:            stats.Keys,
-		Pending:         stats.Pending,
-		InFlight:        stats.InFlight,
-		ExpiredLeases:   stats.ExpiredLeases,
-		OldestPendingMS: stats.OldestPending.Milliseconds(),
-		NeedsReview:     stats.NeedsReview,
-		Tombstones:      stats.Tombstones,
-		StuckReasons:    stuckReasons(stats, stuckAfter),
+		Schema:                c.schema,
+		Keys:                  stats.Keys,
+		Estimated:             append([]outbox.State{}, stats.Estimated...),
+		OldestPendingByToolMS: map[string]int64{},
+		Pending:               stats.Pending,
+		InFlight:              stats.InFlight,
+		ExpiredLeases:         stats.ExpiredLeases,
+		OldestPendingMS:       stats.OldestPending.Milliseconds(),
+		NeedsReview:           stats.NeedsReview,
+		Tombstones:            stats.Tombstones,
+		StuckReasons:          stuckReasons(stats, stuckAfter),
+	}
+	for tool, oldest := range stats.OldestPendingByTool {
+		report.OldestPendingByToolMS[tool] = oldest.Milliseconds()
 	}
 	report.Stuck = len(report.StuckReasons) > 0
 	if asJSON {
@@ -104,8 +113,19 @@ func stuckReasons(stats outbox.Stats, stuckAfter time.Duration) []string {
 		reasons = append(reasons, fmt.Sprintf("%s review (pgonce list --state needs_review, pgonce inspect KEY, then pgonce resolve KEY)", pluralVerb(stats.NeedsReview, "key", "needs", "need")))
 	}
 	if stats.OldestPending > stuckAfter {
-		reasons = append(reasons, fmt.Sprintf("the oldest due pending key has waited %s, more than %s (is a dispatcher running for its tool?)",
-			formatDuration(stats.OldestPending), formatDuration(stuckAfter)))
+		var late []string
+		for tool, oldest := range stats.OldestPendingByTool {
+			if oldest > stuckAfter {
+				late = append(late, tool)
+			}
+		}
+		slices.Sort(late)
+		tools := "its tool"
+		if len(late) > 0 {
+			tools = strings.Join(late, ", ")
+		}
+		reasons = append(reasons, fmt.Sprintf("the oldest due pending key has waited %s, more than %s (is a dispatcher running for %s?)",
+			formatDuration(stats.OldestPending), formatDuration(stuckAfter), tools))
 	}
 	return reasons
 }
@@ -138,19 +158,34 @@ func printStatus(e *env, report statusReport, stats outbox.Stats) error {
 				total += n
 			}
 			for _, state := range statusStates {
-				fmt.Fprintf(tw, "%d\t", report.Keys[tool][state])
+				if stats.IsEstimated(state) {
+					fmt.Fprintf(tw, "~%d\t", report.Keys[tool][state])
+				} else {
+					fmt.Fprintf(tw, "%d\t", report.Keys[tool][state])
+				}
 			}
-			fmt.Fprintf(tw, "%d\t\n", total)
+			if len(report.Estimated) > 0 {
+				fmt.Fprintf(tw, "~%d\t\n", total)
+			} else {
+				fmt.Fprintf(tw, "%d\t\n", total)
+			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		if len(report.Estimated) > 0 {
+			fmt.Fprintln(e.stdout, "\n~ an estimate from the planner's statistics: the key table is too large to count its succeeded keys and tombstones one by one")
 		}
 	}
 	fmt.Fprintf(e.stdout, "\nqueue:         %d pending (oldest due waited %s), %d in flight\n",
 		report.Pending, formatDuration(stats.OldestPending), report.InFlight)
 	fmt.Fprintf(e.stdout, "expired lease: %d\n", report.ExpiredLeases)
 	fmt.Fprintf(e.stdout, "needs review:  %d\n", report.NeedsReview)
-	fmt.Fprintf(e.stdout, "tombstones:    %d\n", report.Tombstones)
+	if stats.IsEstimated(outbox.StateExpired) {
+		fmt.Fprintf(e.stdout, "tombstones:    ~%d\n", report.Tombstones)
+	} else {
+		fmt.Fprintf(e.stdout, "tombstones:    %d\n", report.Tombstones)
+	}
 	if !report.Stuck {
 		fmt.Fprintln(e.stdout, "stuck:         no")
 		return nil

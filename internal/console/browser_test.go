@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -297,9 +298,9 @@ func TestBrowser(t *testing.T) {
 func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	b := setup(t, driver, console.Config{RefreshSeconds: -1})
 	review := b.needsReview(t)
-	b.failed(t)
-	b.pending(t)
-	b.do(t, "refund", json.RawMessage(`{"id":"re_3NkU","amount":"42.00","status":"succeeded"}`), nil)
+	failed := b.failed(t)
+	pending := b.pending(t)
+	refunded := b.do(t, "refund", json.RawMessage(`{"id":"re_3NkU","amount":"42.00","status":"succeeded"}`), nil)
 	browser := startBrowser(t)
 
 	browser.navigate(t, b.server.URL+"/")
@@ -342,4 +343,19 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 	browser.navigate(t, b.server.URL+"/keys/"+string(review))
 	require.Equal(t, "succeeded", browser.text(t, "#state"))
+
+	// The key's run: every step in order, the succeeded ones included.
+	browser.clickAndLoad(t, `a[href^="/run?"]`)
+	browser.eval(t, `location.pathname + location.search`, &location)
+	require.Equal(t, "/run?run=run-1&tenant=", location)
+	steps := browser.text(t, "#steps")
+	positions := []int{}
+	for _, key := range []outbox.Key{review, failed, pending, refunded.Key} {
+		i := strings.Index(steps, string(key))
+		require.Positive(t, i, "step %s shown", key)
+		positions = append(positions, i)
+	}
+	require.IsIncreasing(t, positions, "steps in step order")
+	require.Equal(t, 2, strings.Count(steps, "succeeded"), "the resolved step and the refund")
+	browser.screenshot(t, "console-run.png")
 }

@@ -28,6 +28,7 @@ import (
 type Operator interface {
 	Stats(ctx context.Context) (outbox.Stats, error)
 	List(ctx context.Context, params outbox.ListParams) (outbox.ListResult, error)
+	Run(ctx context.Context, params outbox.RunParams) (outbox.RunResult, error)
 	Inspect(ctx context.Context, key outbox.Key) (outbox.Inspection, error)
 	Resolve(ctx context.Context, key outbox.Key, resolution outbox.Resolution) (outbox.Result, error)
 	Cancel(ctx context.Context, key outbox.Key, params outbox.CancelParams) (outbox.Result, error)
@@ -136,6 +137,7 @@ func New(ops Operator, config Config) (*Handler, error) {
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	h.mux.HandleFunc("GET /{$}", h.overview)
 	h.mux.HandleFunc("GET /keys", h.keys)
+	h.mux.HandleFunc("GET /run", h.run)
 	h.mux.HandleFunc("GET /keys/{key}", h.key)
 	h.mux.HandleFunc("GET /keys/{key}/raw/{part}", h.raw)
 	h.mux.HandleFunc("GET /keys/{key}/{action}", h.confirm)

@@ -221,10 +221,41 @@ func testPages[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	t.Run("RunPageShowsStepsInOrder", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, driver, console.Config{})
-		first, second := b.failed(t), b.needsReview(t)
+		first := b.failed(t)
+		succeeded := b.do(t, "refund", json.RawMessage(`{"id":"re_1"}`), nil)
+		require.Equal(t, outbox.StateSucceeded, succeeded.State)
+		second := b.needsReview(t)
+		third := b.pending(t)
 		status, page := b.get(t, "/keys?run=run-1")
 		require.Equal(t, http.StatusOK, status, page)
 		require.Less(t, strings.Index(page, string(first)), strings.Index(page, string(second)))
+		require.NotContains(t, page, string(succeeded.Key), "the list holds only listable keys")
+		require.Contains(t, page, `<a id="run-page" href="/run?run=run-1&amp;tenant=">`)
+
+		status, page = b.get(t, "/run?run=run-1")
+		require.Equal(t, http.StatusOK, status, page)
+		require.Contains(t, page, `<td class="num">2</td><td><a class="key" href="/keys/`+string(succeeded.Key)+`">`, "the succeeded step, with its number")
+		require.Contains(t, page, `<span class="state succeeded">succeeded</span>`)
+		positions := []int{}
+		for _, key := range []outbox.Key{first, succeeded.Key, second, third} {
+			i := strings.Index(page, string(key))
+			require.Positive(t, i, "step %s shown", key)
+			positions = append(positions, i)
+		}
+		require.IsIncreasing(t, positions, "steps in step order")
+		require.NotContains(t, page, `id="next"`)
+
+		status, page = b.get(t, "/run?run=run-1&from=3")
+		require.Equal(t, http.StatusOK, status, page)
+		require.NotContains(t, page, string(first))
+		require.NotContains(t, page, string(succeeded.Key))
+		require.Contains(t, page, string(second))
+
+		for _, path := range []string{"/run", "/run?run=run-1&from=x", "/run?run=run-1&from=-1"} {
+			status, page := b.get(t, path)
+			require.Equal(t, http.StatusBadRequest, status, path+": "+page)
+			require.Contains(t, page, `id="problem"`, path)
+		}
 	})
 
 	t.Run("KeysBadFilterRefused", func(t *testing.T) {

@@ -57,7 +57,7 @@ func (h *Handler) parseTemplates() error {
 		"delivery": deliveryName,
 	}
 	h.pages = make(map[string]*template.Template)
-	for _, name := range []string{"overview", "keys", "key", "confirm", "result", "error"} {
+	for _, name := range []string{"overview", "keys", "run", "key", "confirm", "result", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return err
@@ -133,8 +133,18 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 type toolRow struct {
 	Tool      string
-	Counts    []int64
+	Counts    []countCell
 	PerMinute string
+	// OldestPending is how long the tool's oldest due pending key has
+	// waited, or empty when the tool has no pending key.
+	OldestPending string
+}
+
+// countCell is one count of the overview; Estimated marks an estimate from
+// the planner's statistics.
+type countCell struct {
+	N         int64
+	Estimated bool
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -151,12 +161,15 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	sort.Strings(tools)
 	rows := make([]toolRow, 0, len(tools))
 	for _, tool := range tools {
-		row := toolRow{Tool: tool, PerMinute: "—"}
+		row := toolRow{Tool: tool, PerMinute: "—", OldestPending: "—"}
 		if rate, ok := snap.PerMinute[tool]; ok {
 			row.PerMinute = strconv.FormatFloat(rate, 'f', 1, 64)
 		}
+		if oldest, ok := stats.OldestPendingByTool[tool]; ok {
+			row.OldestPending = ago(oldest)
+		}
 		for _, state := range overviewStates {
-			row.Counts = append(row.Counts, stats.Keys[tool][state])
+			row.Counts = append(row.Counts, countCell{N: stats.Keys[tool][state], Estimated: stats.IsEstimated(state)})
 		}
 		rows = append(rows, row)
 	}
@@ -268,6 +281,42 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 		Keys   []outbox.ListedKey
 		Next   string
 	}{filter, boxes, res.Keys, next})
+}
+
+// runPageSize is how many steps the run page shows at once.
+const runPageSize = 100
+
+// run shows a run's steps in step order, every state included: the tool
+// calls of an agent's run as the model issued them.
+func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	params := outbox.RunParams{Tenant: q.Get("tenant"), RunID: q.Get("run"), Limit: runPageSize}
+	if from := q.Get("from"); from != "" {
+		var err error
+		if params.FromStep, err = strconv.ParseInt(from, 10, 64); err != nil {
+			h.refuse(w, r, http.StatusBadRequest, "from: want a step number")
+			return
+		}
+	}
+	res, err := h.ops.Run(r.Context(), params)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	next := ""
+	if res.NextStep != 0 {
+		v := url.Values{"run": {params.RunID}, "from": {strconv.FormatInt(res.NextStep, 10)}}
+		if params.Tenant != "" {
+			v.Set("tenant", params.Tenant)
+		}
+		next = "/run?" + v.Encode()
+	}
+	h.render(w, r, http.StatusOK, "run", "Run "+params.RunID, struct {
+		Params outbox.RunParams
+		Steps  []outbox.RunStep
+		Next   string
+		GapMax int
+	}{params, res.Steps, next, outbox.RunGapMax})
 }
 
 // body is stored bytes made safe to show: never interpreted, valid UTF-8,

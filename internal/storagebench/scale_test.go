@@ -41,10 +41,12 @@ const (
 	// inserts.
 	replicateChunkRows = 500_000
 
-	// claimRows is the batch of pending calls one claim iteration drains,
-	// and pruneRows the keys one prune iteration expires and forgets.
-	claimRows = 10_000
-	pruneRows = 10_000
+	// claimRowsEnv selects the backlog of pending calls one claim
+	// iteration drains (default claimRowsDefault); pruneRows is the keys
+	// one prune iteration expires and forgets.
+	claimRowsEnv     = "PGONCE_BENCH_SCALE_CLAIM_ROWS"
+	claimRowsDefault = 10_000
+	pruneRows        = 10_000
 
 	// sampleKeys is how many random existing keys the Get benchmark reads.
 	sampleKeys = 100_000
@@ -313,10 +315,16 @@ func benchSubmitTx(b *testing.B, small, large *scaleFixture) (float64, float64) 
 	return medianNanoseconds(times[small]), medianNanoseconds(times[large])
 }
 
-// benchClaim times a dispatcher that drains claimRows pending calls, from
-// its start to the commit of the last outcome, on each table in turn, and
-// returns the time per row of each.
+// benchClaim times a dispatcher that drains a backlog of
+// PGONCE_BENCH_SCALE_CLAIM_ROWS pending calls (default 10,000), from its
+// start to the commit of the last outcome, on each table in turn, and
+// returns the time per row of each. The backlog's size matters at 10^7
+// keys: a claim and its outcome write into the leaves of the key and scope
+// indexes that the backlog's submits read, and whether those leaves are
+// still in shared_buffers when the claim comes depends on how many other
+// leaves the backlog brought in since (README, Storage).
 func benchClaim(b *testing.B, small, large *scaleFixture) (float64, float64) {
+	claimRows := envInt(b, claimRowsEnv, claimRowsDefault)
 	elapsed := map[*scaleFixture]time.Duration{}
 	for i := range b.N {
 		b.StopTimer()

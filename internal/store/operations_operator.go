@@ -152,3 +152,18 @@ func nonEmpty(s string) *string {
 	}
 	return &s
 }
+
+// KeysByScope reads the keys of scopes, given in their hex form, in one
+// statement that looks each up on the scope's unique index; a scope without
+// a key has no row. now, when not nil, replaces the database's clock.
+func (s *Store) KeysByScope(ctx context.Context, scopes []string, now *time.Time) ([]*KeyRow, error) {
+	var keys []*KeyRow
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.KeyGetByScopes(ctx, db, &dbpgx.KeyGetByScopesParams{Scopes: strings.Join(scopes, ","), Now: now})
+		for _, row := range rows {
+			keys = append(keys, keyRowFromGet((*dbpgx.KeyGetRow)(row)))
+		}
+		return err
+	})
+	return keys, err
+}

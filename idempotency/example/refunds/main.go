@@ -1,7 +1,11 @@
 // Command refunds is a small service behind the Idempotency-Key middleware:
 // POST /refunds submits a refund for a keyed payment API (an in-process fake
 // that logs what it receives) in the request's own transaction, and a
-// dispatcher delivers it with the refund's key in Idempotency-Key.
+// dispatcher delivers it with the refund's key in Idempotency-Key. POST
+// /refunds/now calls the payment API in the request itself, passing it the
+// request's key: a request abandoned mid-way runs again at the client's
+// next request with the key, and the payment API answers it from its
+// memory of the key.
 //
 //	go run ./idempotency/example/refunds -db postgres://postgres@127.0.0.1:5432/postgres
 //
@@ -71,23 +75,42 @@ func run(dbURL, addr, schema string) error {
 	if err := provider.Register(registry, "refund"); err != nil {
 		return err
 	}
+	// The keys of each route are claimed under a tool of their own, which
+	// no dispatcher runs: POST /refunds's must not run twice, and POST
+	// /refunds/now's passes the key to an API that deduplicates on it.
+	if err := idempotency.Register(registry, idempotency.ToolDefault, outbox.AtMostOnce, nil); err != nil {
+		return err
+	}
+	if err := idempotency.Register(registry, "refund_now_request", outbox.IdempotentByKey,
+		&outbox.ToolOpts{KeyRetention: 24 * time.Hour}); err != nil {
+		return err
+	}
 	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
 	if err != nil {
 		return err
 	}
-	m, err := idempotency.NewPgx(pool, client, idempotency.Config{
+	// A real service returns the authenticated account here.
+	accountOf := func(r *http.Request) (string, error) {
+		if account := r.Header.Get("Account"); account != "" {
+			return account, nil
+		}
+		return "", fmt.Errorf("no Account header")
+	}
+	m, err := idempotency.NewPgx(pool, client, idempotency.Config{KeyRequired: true, ScopeFunc: accountOf})
+	if err != nil {
+		return err
+	}
+	now, err := idempotency.NewPgx(nil, client, idempotency.Config{
+		Mode:        idempotency.ModeLease,
+		Tool:        "refund_now_request",
 		KeyRequired: true,
-		// A real service returns the authenticated account here.
-		ScopeFunc: func(r *http.Request) (string, error) {
-			if account := r.Header.Get("Account"); account != "" {
-				return account, nil
-			}
-			return "", fmt.Errorf("no Account header")
-		},
+		ScopeFunc:   accountOf,
 	})
 	if err != nil {
 		return err
 	}
+	// The dispatcher also reconciles: a POST /refunds/now abandoned
+	// mid-way goes back to pending once its lease expires.
 	d, err := dispatcher.New(client, dispatcher.Config{})
 	if err != nil {
 		return err
@@ -125,6 +148,32 @@ func run(dbURL, addr, schema string) error {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusAccepted)
 		_, _ = fmt.Fprintf(w, "{\"refund_key\":%q,\"created_at\":%q}\n", res.Key, time.Now().UTC().Format(time.RFC3339Nano))
+	})))
+	mux.Handle("POST /refunds/now", now.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The request's key, scoped by account: the same for every retry
+		// of this request, never the same for two accounts.
+		key, _ := idempotency.Key(r.Context())
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, payments+"/v1/refunds", r.Body)
+		if err != nil {
+			http.Error(w, `{"error":"bad request"}`, http.StatusBadRequest)
+			return
+		}
+		req.Header.Set("Idempotency-Key", string(key))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			// A 5xx is not stored on this route: the same key runs again.
+			http.Error(w, `{"error":"payment API unavailable"}`, http.StatusBadGateway)
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			http.Error(w, `{"error":"payment API unavailable"}`, http.StatusBadGateway)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(body)
 	})))
 	mux.HandleFunc("GET /refunds/{key}", func(w http.ResponseWriter, r *http.Request) {
 		res, err := client.Get(r.Context(), outbox.Key(r.PathValue("key")))
