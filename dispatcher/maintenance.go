@@ -122,9 +122,10 @@ func (d *Dispatcher[TTx]) gauge(ctx context.Context, obs observe.Observer, tools
 func toolGauges(stats outbox.Stats, tool string) observe.ToolGauges {
 	keys := stats.Keys[tool]
 	return observe.ToolGauges{
-		Tool:        tool,
-		Pending:     keys[outbox.StatePending],
-		InFlight:    keys[outbox.StateInFlight],
-		NeedsReview: keys[outbox.StateNeedsReview],
+		Tool:          tool,
+		Pending:       keys[outbox.StatePending],
+		InFlight:      keys[outbox.StateInFlight],
+		NeedsReview:   keys[outbox.StateNeedsReview],
+		OldestPending: stats.OldestPendingByTool[tool],
 	}
 }

@@ -139,9 +139,18 @@ func testGauges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		return false
 	}, time.Minute, 5*time.Millisecond)
 	require.Empty(t, readGauges(t, other))
+	// The oldest pending refund ages from one reading to the next, as Stats
+	// says; a tool with none pending reports 0.
 	reading := readGauges(t, leader)
-	require.Contains(t, reading, [2]string{"refund", "oldest_pending_age"})
-	require.Contains(t, reading, [2]string{"email", "oldest_pending_age"})
+	require.Zero(t, reading[[2]string{"email", "oldest_pending_age"}])
+	firstAge := reading[[2]string{"refund", "oldest_pending_age"}]
+	require.Positive(t, firstAge)
+	require.Eventually(t, func() bool {
+		return readGauges(t, leader)[[2]string{"refund", "oldest_pending_age"}] > firstAge
+	}, time.Minute, 5*time.Millisecond)
+	stats, err = client.Stats(t.Context())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, stats.OldestPendingByTool["refund"].Seconds(), readGauges(t, leader)[[2]string{"refund", "oldest_pending_age"}])
 }
 
 func equalReadings(a, b gaugeReading) bool {
