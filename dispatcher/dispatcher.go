@@ -302,8 +302,10 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attem
 func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, limit int, rows []*store.ClaimedKey, err error) {
 	claim := &observe.Claim{Began: began, Ended: time.Now(), Limit: limit, Err: err, Keys: make([]observe.Key, len(rows))}
 	for i, row := range rows {
-		// How long the key waited is not among what the claim returns.
-		claim.Keys[i] = observe.Key{Key: row.Key, Tool: row.Tool, Attempt: row.Attempt, Metadata: row.Metadata, Waited: -1}
+		claim.Keys[i] = observe.Key{
+			Key: row.Key, Tool: row.Tool, Attempt: row.Attempt, Metadata: row.Metadata,
+			Waited: row.Now.Sub(row.AvailableAt),
+		}
 	}
 	obs.Claimed(ctx, claim)
 }

@@ -47,7 +47,8 @@ claimed AS (
         pgonce_key.lease_until,
         pgonce_key.natural_id,
         pgonce_key.args,
-        pgonce_key.metadata
+        pgonce_key.metadata,
+        pgonce_key.available_at
 )
 SELECT
     claimed.key,
@@ -59,6 +60,9 @@ SELECT
     coalesce(claimed.natural_id, '')::text AS natural_id,
     claimed.args,
     claimed.metadata,
+    -- available_at is when the key became due (a claim leaves it as it
+    -- was): how long it waited for the claim is now minus it.
+    claimed.available_at::timestamptz AS available_at,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now

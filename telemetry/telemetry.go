@@ -51,6 +51,13 @@ const (
 	// MetricClaimSize is the number of keys a dispatcher's claim batch
 	// took, idle polls' zeros included. Unit {key}.
 	MetricClaimSize = "pgonce.claim.batch.size"
+	// MetricCommitToCall is how long each key a dispatcher claimed had
+	// been due when the claim took it, by pgonce.tool, by the database's
+	// clock: for a first attempt, from its submit (the submitting
+	// transaction's start, so it includes the rest of that transaction) to
+	// the claim that hands it to a provider call; for a retry, from the end
+	// of its backoff. Unit s.
+	MetricCommitToCall = "pgonce.commit_to_call.duration"
 	// MetricRecordDuration is the duration of dispatchers' record batches.
 	// Unit s.
 	MetricRecordDuration = "pgonce.record.duration"
@@ -182,7 +189,7 @@ func New(config Config) (*Telemetry, error) {
 	tel.submits = counter(MetricSubmits, "{submit}", "Submits and Dos of pgonce keys, by outcome.")
 	tel.pruned = counter(MetricPruned, "{key}", "Keys turned into tombstones and tombstones deleted by pgonce's pruning.")
 	tel.resolutions = counter(MetricResolutions, "{key}", "Expired in-flight keys resolved by pgonce's reconcilers, by outcome.")
-	tel.commitToCall = seconds(metricCommitToCall, "How long keys were due before a dispatcher claimed them for a provider call.")
+	tel.commitToCall = seconds(MetricCommitToCall, "How long keys were due before a dispatcher claimed them for a provider call.")
 	tel.claimDuration = seconds(MetricClaimDuration, "Duration of pgonce dispatchers' claim batches.")
 	tel.claimSize = sizes(MetricClaimSize, "Keys claimed by a pgonce dispatcher's claim batch.")
 	tel.recordDuration = seconds(MetricRecordDuration, "Duration of pgonce dispatchers' record batches.")
@@ -206,12 +213,6 @@ func New(config Config) (*Telemetry, error) {
 	tel.tools.Store(&map[string]*toolTelemetry{})
 	return tel, nil
 }
-
-// metricCommitToCall is how long keys were due before a dispatcher claimed
-// them for a provider call, by pgonce.tool; unit s. It is recorded for keys
-// whose claim says how long they were due, which none does yet: it becomes
-// a Metric constant and a README entry when the claim does.
-const metricCommitToCall = "pgonce.commit_to_call.duration"
 
 // Bucket boundaries of the duration histograms (the semantic conventions'
 // for durations in seconds) and of the batch sizes.

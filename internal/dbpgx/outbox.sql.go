@@ -49,7 +49,8 @@ claimed AS (
         pgonce_key.lease_until,
         pgonce_key.natural_id,
         pgonce_key.args,
-        pgonce_key.metadata
+        pgonce_key.metadata,
+        pgonce_key.available_at
 )
 SELECT
     claimed.key,
@@ -61,6 +62,9 @@ SELECT
     coalesce(claimed.natural_id, '')::text AS natural_id,
     claimed.args,
     claimed.metadata,
+    -- available_at is when the key became due (a claim leaves it as it
+    -- was): how long it waited for the claim is now minus it.
+    claimed.available_at::timestamptz AS available_at,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
     coalesce($1::timestamptz, now())::timestamptz AS now
@@ -86,6 +90,7 @@ type OutboxClaimBatchRow struct {
 	NaturalID        string
 	Args             []byte
 	Metadata         []byte
+	AvailableAt      time.Time
 	Now              time.Time
 }
 
@@ -124,6 +129,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClai
 			&i.NaturalID,
 			&i.Args,
 			&i.Metadata,
+			&i.AvailableAt,
 			&i.Now,
 		); err != nil {
 			return nil, err

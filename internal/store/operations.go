@@ -125,6 +125,8 @@ type ClaimedKey struct {
 	// a reclaimed key only.
 	Delivery     int
 	KeyRetention time.Duration
+	// AvailableAt is when the key became due; set by ClaimBatch only.
+	AvailableAt time.Time
 	// Now is the database's clock at the claim.
 	Now time.Time
 }
@@ -303,6 +305,7 @@ func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*Claimed
 				NaturalID:        row.NaturalID,
 				Args:             row.Args,
 				Metadata:         row.Metadata,
+				AvailableAt:      row.AvailableAt,
 				Now:              row.Now,
 			})
 		}

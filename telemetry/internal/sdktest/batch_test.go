@@ -131,6 +131,47 @@ func testBatchAndRunSpans[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		require.Equal(t, uint64(1), recordDurations)
 	})
 
+	t.Run("CommitToCallIsHowLongTheKeyWasDue", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", bundle.refunds, outbox.IdempotentByKey))
+		// The key is submitted by a client whose clock is an hour behind, so
+		// that it has been due for an hour when a dispatcher, on the
+		// database's clock, claims it.
+		const behind = time.Hour
+		submitter := driver.Client(t, outbox.Config{
+			Schema: bundle.schema, Registry: registry,
+			NowFunc: func() time.Time { return time.Now().Add(-behind) },
+		})
+		_, err := submitter.Submit(t.Context(), outbox.Call{RunID: "run-1", Step: 1, Tool: "refund", Args: map[string]any{"order": 8842}})
+		require.NoError(t, err)
+
+		client := driver.Client(t, outbox.Config{Schema: bundle.schema, Registry: registry, Middleware: []outbox.Middleware{bundle.tel}})
+		d, err := dispatcher.New(client, dispatcher.Config{PollInterval: 10 * time.Millisecond, MaintenanceDisabled: true})
+		require.NoError(t, err)
+		runCtx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(runCtx) }()
+		t.Cleanup(func() {
+			stop()
+			require.NoError(t, <-done)
+		})
+		onlySpan(t, bundle, "record")
+
+		data := metricsNamed(t, bundle, telemetry.MetricCommitToCall)
+		require.NotNil(t, data, "no %s", telemetry.MetricCommitToCall)
+		hist, ok := data.(metricdata.Histogram[float64])
+		require.True(t, ok, "%T", data)
+		require.Len(t, hist.DataPoints, 1)
+		point := hist.DataPoints[0]
+		require.Equal(t, uint64(1), point.Count)
+		tool, ok := point.Attributes.Value(telemetry.AttrTool)
+		require.True(t, ok)
+		require.Equal(t, "refund", tool.AsString())
+		require.InDelta(t, behind.Seconds(), point.Sum, time.Minute.Seconds(), "the key was due for about an hour")
+	})
+
 	t.Run("ABigBatchLinksToItsFirst32Submitters", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)
