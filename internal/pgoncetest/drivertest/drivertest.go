@@ -1,8 +1,10 @@
 // Package drivertest runs a test once per driver that pgonce supports:
 // native pgx ([outbox.NewPgx] over a *pgxpool.Pool) and database/sql
-// ([outbox.New] over a *sql.DB opened with pgx's stdlib driver). A test
-// written once against a [Driver] of transaction type TTx builds its
-// clients, and submits in that driver's own transactions, through it.
+// ([outbox.New] over a *sql.DB opened with pgx's stdlib driver), each
+// connected directly to PostgreSQL and, with [All], each through a
+// PgBouncer in transaction pooling mode as well. A test written once
+// against a [Driver] of transaction type TTx builds its clients, and
+// submits in that driver's own transactions, through it.
 //
 // It lives apart from pgoncetest because it imports outbox, whose internal
 // tests import pgoncetest.
@@ -29,13 +31,26 @@ import (
 const (
 	NamePgx         = "Pgx"
 	NameDatabaseSQL = "DatabaseSQL"
+	// NamePgxPgBouncer and NameDatabaseSQLPgBouncer name the drivers
+	// through the shared PgBouncer ([PgxPgBouncer], [DatabaseSQLPgBouncer]).
+	NamePgxPgBouncer         = "PgxPgBouncer"
+	NameDatabaseSQLPgBouncer = "DatabaseSQLPgBouncer"
 )
 
 // Driver opens pgonce clients of transaction type TTx over a pgx pool, and
 // runs that type's transactions.
 type Driver[TTx any] struct {
-	// Name names the driver in subtest names: [NamePgx] or [NameDatabaseSQL].
+	// Name names the driver in subtest names: [NamePgx], [NameDatabaseSQL],
+	// [NamePgxPgBouncer] or [NameDatabaseSQLPgBouncer].
 	Name string
+	// Pooled says that the driver's clients and transactions reach
+	// PostgreSQL through the shared PgBouncer in transaction pooling mode
+	// ([pgoncetest.PooledPool]), with [outbox.PoolingTransaction].
+	Pooled bool
+
+	// poolFunc returns the pool that [Driver.Client] and the driver's
+	// transactions use.
+	poolFunc func(tb testing.TB) *pgxpool.Pool
 
 	// openFunc returns a client over pool, and what closes the handle it
 	// made over pool, if any.
@@ -48,14 +63,25 @@ type Driver[TTx any] struct {
 // Pgx is the native pgx driver: outbox.NewPgx over the pool itself, and
 // pgx.Tx transactions.
 func Pgx() Driver[pgx.Tx] {
+	return pgxOver(NamePgx, pgoncetest.Pool)
+}
+
+// PgxPgBouncer is [Pgx] through the shared PgBouncer in transaction
+// pooling mode (see [Driver.Pooled]).
+func PgxPgBouncer() Driver[pgx.Tx] {
+	return pooled(pgxOver(NamePgxPgBouncer, pgoncetest.PooledPool))
+}
+
+func pgxOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool) Driver[pgx.Tx] {
 	return Driver[pgx.Tx]{
-		Name: NamePgx,
+		Name:     name,
+		poolFunc: poolFunc,
 		openFunc: func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[pgx.Tx], func(), error) {
 			client, err := outbox.NewPgx(pool, config)
 			return client, func() {}, err
 		},
 		inTxFunc: func(tb testing.TB, ctx context.Context, fn func(tx pgx.Tx) error) error {
-			return pgx.BeginFunc(ctx, pgoncetest.Pool(tb), fn)
+			return pgx.BeginFunc(ctx, poolFunc(tb), fn)
 		},
 	}
 }
@@ -64,8 +90,19 @@ func Pgx() Driver[pgx.Tx] {
 // pgx's stdlib driver opens over the pool, limited to as many open
 // connections as the pool, and *sql.Tx transactions.
 func DatabaseSQL() Driver[*sql.Tx] {
+	return databaseSQLOver(NameDatabaseSQL, pgoncetest.Pool, pgoncetest.DB)
+}
+
+// DatabaseSQLPgBouncer is [DatabaseSQL] through the shared PgBouncer in
+// transaction pooling mode (see [Driver.Pooled]).
+func DatabaseSQLPgBouncer() Driver[*sql.Tx] {
+	return pooled(databaseSQLOver(NameDatabaseSQLPgBouncer, pgoncetest.PooledPool, pgoncetest.PooledDB))
+}
+
+func databaseSQLOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool, dbFunc func(tb testing.TB) *sql.DB) Driver[*sql.Tx] {
 	return Driver[*sql.Tx]{
-		Name: NameDatabaseSQL,
+		Name:     name,
+		poolFunc: poolFunc,
 		openFunc: func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[*sql.Tx], func(), error) {
 			db := stdlib.OpenDBFromPool(pool)
 			db.SetMaxOpenConns(int(pool.Config().MaxConns))
@@ -77,7 +114,7 @@ func DatabaseSQL() Driver[*sql.Tx] {
 			return client, func() { _ = db.Close() }, nil
 		},
 		inTxFunc: func(tb testing.TB, ctx context.Context, fn func(tx *sql.Tx) error) error {
-			tx, err := pgoncetest.DB(tb).BeginTx(ctx, nil)
+			tx, err := dbFunc(tb).BeginTx(ctx, nil)
 			if err != nil {
 				return err
 			}
@@ -90,19 +127,68 @@ func DatabaseSQL() Driver[*sql.Tx] {
 	}
 }
 
-// Each runs the test once per driver, as parallel subtests named by the
-// driver. Pass the two instances of one generic test function:
+// pooled makes d a driver through a transaction pooler: its clients get
+// [outbox.PoolingTransaction] and, unless the test gives one, a
+// ListenConnectFunc that connects directly to the test database, past the
+// pooler, as a LISTEN must.
+func pooled[TTx any](d Driver[TTx]) Driver[TTx] {
+	open := d.openFunc
+	d.Pooled = true
+	d.openFunc = func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[TTx], func(), error) {
+		config.Pooling = outbox.PoolingTransaction
+		if config.ListenConnectFunc == nil {
+			direct, err := directURL()
+			if err != nil {
+				return nil, nil, err
+			}
+			config.ListenConnectFunc = func(ctx context.Context) (*pgx.Conn, error) {
+				return pgx.Connect(ctx, direct)
+			}
+		}
+		return open(pool, config)
+	}
+	return d
+}
+
+// directURL is the URL of the test database, past any pooler.
+func directURL() (string, error) {
+	pool, _, err := pgoncetest.Shared()
+	if err != nil {
+		return "", err
+	}
+	return pool.Config().ConnString(), nil
+}
+
+// Each runs the test once per direct driver, [Pgx] and [DatabaseSQL], as
+// parallel subtests named by the driver. Suites that can run through a
+// transaction pooler use [All]; Each is for what cannot (a test that
+// kills its own backends, holds session state, or brings a pool of its
+// own). Pass the two instances of one generic test function:
 //
 //	drivertest.Each(t, testDispatcher[pgx.Tx], testDispatcher[*sql.Tx])
 func Each(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*testing.T, Driver[*sql.Tx])) {
 	t.Helper()
-	t.Run(NamePgx, func(t *testing.T) {
+	run(t, pgxTest, stdTest, Pgx(), DatabaseSQL())
+}
+
+// All is [Each] over the direct drivers and through the shared PgBouncer
+// in transaction pooling mode: [Pgx], [DatabaseSQL], [PgxPgBouncer] and
+// [DatabaseSQLPgBouncer].
+func All(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*testing.T, Driver[*sql.Tx])) {
+	t.Helper()
+	run(t, pgxTest, stdTest, Pgx(), DatabaseSQL())
+	run(t, pgxTest, stdTest, PgxPgBouncer(), DatabaseSQLPgBouncer())
+}
+
+func run(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*testing.T, Driver[*sql.Tx]), pgxDriver Driver[pgx.Tx], stdDriver Driver[*sql.Tx]) {
+	t.Helper()
+	t.Run(pgxDriver.Name, func(t *testing.T) {
 		t.Parallel()
-		pgxTest(t, Pgx())
+		pgxTest(t, pgxDriver)
 	})
-	t.Run(NameDatabaseSQL, func(t *testing.T) {
+	t.Run(stdDriver.Name, func(t *testing.T) {
 		t.Parallel()
-		stdTest(t, DatabaseSQL())
+		stdTest(t, stdDriver)
 	})
 }
 
@@ -121,10 +207,19 @@ func RunChild(name string, pgxMain func(Driver[pgx.Tx]) int, stdMain func(Driver
 	return 1
 }
 
-// Client returns a client over the shared test database.
+// Client returns a client over the shared test database: directly, or
+// through the shared PgBouncer for a [Driver.Pooled] driver.
 func (d Driver[TTx]) Client(tb testing.TB, config outbox.Config) *outbox.Client[TTx] {
 	tb.Helper()
-	return d.ClientOver(tb, pgoncetest.Pool(tb), config)
+	return d.ClientOver(tb, d.poolFunc(tb), config)
+}
+
+// Pool returns the pool the driver's clients and transactions use:
+// [pgoncetest.Pool], or [pgoncetest.PooledPool] for a [Driver.Pooled]
+// driver.
+func (d Driver[TTx]) Pool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	return d.poolFunc(tb)
 }
 
 // ClientOver returns a client over pool (a pool of the test's own: a
