@@ -3,12 +3,14 @@ package outbox_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -63,6 +65,9 @@ func killBackends(ctx context.Context, t *testing.T, tag string, killed *atomic.
 	return done
 }
 
+// TestWaitSurvivesKilledConnections runs directly only: it kills the
+// backends of a pool of its own, found by their application_name, which
+// the server connections behind a transaction pooler do not carry.
 func TestWaitSurvivesKilledConnections(t *testing.T) {
 	t.Parallel()
 
@@ -144,6 +149,9 @@ func TestWaitSurvivesKilledConnections(t *testing.T) {
 	}
 }
 
+// TestWaitSurvivesAHalfOpenConnection runs directly only: its waiting
+// client's pool is one of its own, behind a proxy that makes its
+// connections half-open.
 func TestWaitSurvivesAHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	schema := pgoncetest.Schema(t)
@@ -189,35 +197,9 @@ func TestWaitSurvivesAHalfOpenConnection(t *testing.T) {
 func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 	t.Parallel()
 
-	t.Run("MissingTable", func(t *testing.T) {
+	t.Run("OverEachDriver", func(t *testing.T) {
 		t.Parallel()
-		// A schema that was never migrated: retrying cannot help.
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: pgoncetest.NewSchemaName(t)})
-		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		_, err = client.Wait(ctx, mustKey(t, refundCall("run-1")))
-		require.Error(t, err)
-		require.NoError(t, ctx.Err(), "Wait retried a definitive error until ctx was done")
-	})
-
-	t.Run("Expired", func(t *testing.T) {
-		t.Parallel()
-		config := refundConfig(t)
-		schema := config.Schema
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), config)
-		require.NoError(t, err)
-		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
-		require.NoError(t, err)
-		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(schema), pgoncetest.StoredKey(t, string(done.Key)), nil)
-		require.NoError(t, err)
-
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		got, err := client.Wait(ctx, done.Key)
-		require.ErrorIs(t, err, outbox.ErrExpired)
-		require.Equal(t, outbox.StateExpired, got.State)
-		require.NoError(t, ctx.Err())
+		eachHarness(t, testWaitReturnsDefinitiveErrorsAtOnce[pgx.Tx], testWaitReturnsDefinitiveErrorsAtOnce[*sql.Tx])
 	})
 
 	t.Run("ServerUnreachableUntilCtxDone", func(t *testing.T) {
@@ -239,5 +221,38 @@ func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Contains(t, err.Error(), "last read failed")
 		require.Equal(t, outbox.Result{}, got)
+	})
+}
+
+func testWaitReturnsDefinitiveErrorsAtOnce[TTx any](t *testing.T, h driverHarness[TTx]) {
+	t.Helper()
+
+	t.Run("MissingTable", func(t *testing.T) {
+		t.Parallel()
+		// A schema that was never migrated: retrying cannot help.
+		client := h.newClient(t, outbox.Config{Schema: pgoncetest.NewSchemaName(t)})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		_, err := client.Wait(ctx, mustKey(t, refundCall("run-1")))
+		require.Error(t, err)
+		require.NoError(t, ctx.Err(), "Wait retried a definitive error until ctx was done")
+	})
+
+	t.Run("Expired", func(t *testing.T) {
+		t.Parallel()
+		config := refundConfig(t)
+		schema := config.Schema
+		client := h.newClient(t, config)
+		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
+		require.NoError(t, err)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(schema), pgoncetest.StoredKey(t, string(done.Key)), nil)
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		got, err := client.Wait(ctx, done.Key)
+		require.ErrorIs(t, err, outbox.ErrExpired)
+		require.Equal(t, outbox.StateExpired, got.State)
+		require.NoError(t, ctx.Err())
 	})
 }
