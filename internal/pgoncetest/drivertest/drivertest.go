@@ -49,8 +49,9 @@ type Driver[TTx any] struct {
 	Pooled bool
 
 	// poolFunc returns the pool that [Driver.Client] and the driver's
-	// transactions use.
+	// transactions use, and urlFunc the URL it connects to.
 	poolFunc func(tb testing.TB) *pgxpool.Pool
+	urlFunc  func(tb testing.TB) string
 
 	// openFunc returns a client over pool, and what closes the handle it
 	// made over pool, if any.
@@ -63,19 +64,20 @@ type Driver[TTx any] struct {
 // Pgx is the native pgx driver: outbox.NewPgx over the pool itself, and
 // pgx.Tx transactions.
 func Pgx() Driver[pgx.Tx] {
-	return pgxOver(NamePgx, pgoncetest.Pool)
+	return pgxOver(NamePgx, pgoncetest.Pool, pgoncetest.DatabaseURL)
 }
 
 // PgxPgBouncer is [Pgx] through the shared PgBouncer in transaction
 // pooling mode (see [Driver.Pooled]).
 func PgxPgBouncer() Driver[pgx.Tx] {
-	return pooled(pgxOver(NamePgxPgBouncer, pgoncetest.PooledPool))
+	return pooled(pgxOver(NamePgxPgBouncer, pgoncetest.PooledPool, pgoncetest.PooledURL))
 }
 
-func pgxOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool) Driver[pgx.Tx] {
+func pgxOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool, urlFunc func(tb testing.TB) string) Driver[pgx.Tx] {
 	return Driver[pgx.Tx]{
 		Name:     name,
 		poolFunc: poolFunc,
+		urlFunc:  urlFunc,
 		openFunc: func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[pgx.Tx], func(), error) {
 			client, err := outbox.NewPgx(pool, config)
 			return client, func() {}, err
@@ -90,19 +92,22 @@ func pgxOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool) Driver[pgx
 // pgx's stdlib driver opens over the pool, limited to as many open
 // connections as the pool, and *sql.Tx transactions.
 func DatabaseSQL() Driver[*sql.Tx] {
-	return databaseSQLOver(NameDatabaseSQL, pgoncetest.Pool, pgoncetest.DB)
+	return databaseSQLOver(NameDatabaseSQL, pgoncetest.Pool, pgoncetest.DatabaseURL, pgoncetest.DB)
 }
 
 // DatabaseSQLPgBouncer is [DatabaseSQL] through the shared PgBouncer in
 // transaction pooling mode (see [Driver.Pooled]).
 func DatabaseSQLPgBouncer() Driver[*sql.Tx] {
-	return pooled(databaseSQLOver(NameDatabaseSQLPgBouncer, pgoncetest.PooledPool, pgoncetest.PooledDB))
+	return pooled(databaseSQLOver(NameDatabaseSQLPgBouncer, pgoncetest.PooledPool, pgoncetest.PooledURL, pgoncetest.PooledDB))
 }
 
-func databaseSQLOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool, dbFunc func(tb testing.TB) *sql.DB) Driver[*sql.Tx] {
+func databaseSQLOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool, urlFunc func(tb testing.TB) string,
+	dbFunc func(tb testing.TB) *sql.DB,
+) Driver[*sql.Tx] {
 	return Driver[*sql.Tx]{
 		Name:     name,
 		poolFunc: poolFunc,
+		urlFunc:  urlFunc,
 		openFunc: func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[*sql.Tx], func(), error) {
 			db := stdlib.OpenDBFromPool(pool)
 			db.SetMaxOpenConns(int(pool.Config().MaxConns))
@@ -193,18 +198,34 @@ func run(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*t
 }
 
 // RunChild runs the body of a test's child process over the driver named
-// name ([NamePgx] or [NameDatabaseSQL]): the instance of a generic body for
-// that driver, given the driver. It returns the body's exit code, or says
-// on stderr that name is no driver and returns 1.
+// name ([NamePgx], [NameDatabaseSQL], [NamePgxPgBouncer] or
+// [NameDatabaseSQLPgBouncer]): the instance of a generic body for that
+// driver, given the driver. The body opens its own pool, over the
+// [Driver.URL] its parent passed it. It returns the body's exit code, or
+// says on stderr that name is no driver and returns 1.
 func RunChild(name string, pgxMain func(Driver[pgx.Tx]) int, stdMain func(Driver[*sql.Tx]) int) int {
 	switch name {
 	case NamePgx:
 		return pgxMain(Pgx())
 	case NameDatabaseSQL:
 		return stdMain(DatabaseSQL())
+	case NamePgxPgBouncer:
+		return pgxMain(PgxPgBouncer())
+	case NameDatabaseSQLPgBouncer:
+		return stdMain(DatabaseSQLPgBouncer())
 	}
-	fmt.Fprintf(os.Stderr, "child: unknown driver %q: want %q or %q\n", name, NamePgx, NameDatabaseSQL)
+	fmt.Fprintf(os.Stderr, "child: unknown driver %q: want %q, %q, %q or %q\n", name,
+		NamePgx, NameDatabaseSQL, NamePgxPgBouncer, NameDatabaseSQLPgBouncer)
 	return 1
+}
+
+// URL returns the URL of the test database as the driver reaches it:
+// [pgoncetest.DatabaseURL], or [pgoncetest.PooledURL] through the shared
+// PgBouncer for a [Driver.Pooled] driver. A child process of the test
+// opens its pool over it.
+func (d Driver[TTx]) URL(tb testing.TB) string {
+	tb.Helper()
+	return d.urlFunc(tb)
 }
 
 // Client returns a client over the shared test database: directly, or
