@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -255,4 +256,65 @@ func testWaitReturnsDefinitiveErrorsAtOnce[TTx any](t *testing.T, h driverHarnes
 		require.Equal(t, outbox.StateExpired, got.State)
 		require.NoError(t, ctx.Err())
 	})
+}
+
+// TestWaitThroughATransactionPoolerPolls waits through the shared PgBouncer
+// in transaction pooling mode with no ListenConnectFunc: the client never
+// listens through the pooler, which would hear nothing, and its waits read
+// their keys again until the result is there.
+func TestWaitThroughATransactionPoolerPolls(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		newClient func(t *testing.T, config outbox.Config) func(ctx context.Context, key outbox.Key) (outbox.Result, error)
+	}{
+		{drivertest.NamePgxPgBouncer, func(t *testing.T, config outbox.Config) func(context.Context, outbox.Key) (outbox.Result, error) {
+			t.Helper()
+			client, err := outbox.NewPgx(pgoncetest.PooledPool(t), config)
+			require.NoError(t, err)
+			return client.Wait
+		}},
+		{drivertest.NameDatabaseSQLPgBouncer, func(t *testing.T, config outbox.Config) func(context.Context, outbox.Key) (outbox.Result, error) {
+			t.Helper()
+			client, err := outbox.New(pgoncetest.PooledDB(t), config)
+			require.NoError(t, err)
+			return client.Wait
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			config := refundConfig(t)
+			other, err := outbox.NewPgx(pgoncetest.Pool(t), config)
+			require.NoError(t, err)
+			res, err := other.Submit(t.Context(), refundCall("run-pooled"))
+			require.NoError(t, err)
+
+			logger, logs := pgoncetest.CaptureLogs()
+			config.Logger = logger
+			config.Pooling = outbox.PoolingTransaction
+			wait := tt.newClient(t, config)
+
+			type waited struct {
+				res outbox.Result
+				err error
+			}
+			result := make(chan waited, 1)
+			waitCtx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			go func() {
+				res, err := wait(waitCtx, res.Key)
+				result <- waited{res, err}
+			}()
+			logs.Await(t, func(r pgoncetest.LogRecord) bool {
+				return r.Message == "pgonce: behind a transaction pooler without ListenConnectFunc; waits poll"
+			})
+
+			done, err := other.Do(t.Context(), refundCall("run-pooled"), nil)
+			require.NoError(t, err)
+			got := <-result
+			require.NoError(t, got.err)
+			require.Equal(t, outbox.StateSucceeded, got.res.State)
+			require.Equal(t, []byte(done.Response), []byte(got.res.Response))
+		})
+	}
 }
