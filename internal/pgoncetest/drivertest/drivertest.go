@@ -165,10 +165,12 @@ func directURL() (string, error) {
 }
 
 // Each runs the test once per direct driver, [Pgx] and [DatabaseSQL], as
-// parallel subtests named by the driver. Suites that can run through a
-// transaction pooler use [All]; Each is for what cannot (a test that
-// kills its own backends, holds session state, or brings a pool of its
-// own). Pass the two instances of one generic test function:
+// parallel subtests named by the driver. The client, Wait, dispatcher and
+// reconciler suites use [All]; Each is for the tests among them that
+// cannot run through a transaction pooler (a test that kills its own
+// backends, holds session state, or brings a pool of its own), and for
+// the suites of other packages. Pass the two instances of one generic test
+// function:
 //
 //	drivertest.Each(t, testDispatcher[pgx.Tx], testDispatcher[*sql.Tx])
 func Each(t *testing.T, pgxTest func(*testing.T, Driver[pgx.Tx]), stdTest func(*testing.T, Driver[*sql.Tx])) {
