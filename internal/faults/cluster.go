@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-
 	"os"
 	"os/exec"
 	"path/filepath"
