@@ -254,8 +254,11 @@ func PooledPool(tb testing.TB) *pgxpool.Pool {
 	return pooled.pool
 }
 
-// PooledDB returns a *sql.DB over [PooledPool], for the database/sql
-// paths through the PgBouncer.
+// PooledDB returns a *sql.DB shared by the tests of this binary, through
+// the PgBouncer of [PooledPool], for the database/sql paths: its
+// connections are database/sql's own, as sql.Open("pgx", url) makes them,
+// and run pgx's simple protocol (default_query_exec_mode=simple_protocol),
+// the other exec mode that works behind a transaction pooler.
 func PooledDB(tb testing.TB) *sql.DB {
 	tb.Helper()
 	setupPooled(tb)
@@ -296,11 +299,23 @@ func setupPooled(tb testing.TB) {
 			pooled.err = fmt.Errorf("connect through pgbouncer: %w", err)
 			return
 		}
-		pooled.bouncer, pooled.pool, pooled.db = bouncer, pool, stdlib.OpenDBFromPool(pool)
+		pooled.bouncer, pooled.pool, pooled.db = bouncer, pool, SimpleProtocolDB(pool)
 	})
 	if pooled.err != nil {
 		tb.Fatal(pooled.err)
 	}
+}
+
+// SimpleProtocolDB returns a *sql.DB over pgx's stdlib driver that opens
+// connections of its own, as sql.Open("pgx", url) does, configured as
+// pool's are but in pgx's simple protocol, and at most as many as pool
+// may. The caller closes it.
+func SimpleProtocolDB(pool *pgxpool.Pool) *sql.DB {
+	config := pool.Config().ConnConfig.Copy()
+	config.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	db := stdlib.OpenDB(*config)
+	db.SetMaxOpenConns(int(pool.Config().MaxConns))
+	return db
 }
 
 // closePooled closes the shared pool through the PgBouncer and stops it.

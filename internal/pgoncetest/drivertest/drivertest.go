@@ -96,9 +96,24 @@ func DatabaseSQL() Driver[*sql.Tx] {
 }
 
 // DatabaseSQLPgBouncer is [DatabaseSQL] through the shared PgBouncer in
-// transaction pooling mode (see [Driver.Pooled]).
+// transaction pooling mode (see [Driver.Pooled]), with one difference: its
+// *sql.DB opens connections of its own, as sql.Open does, configured as
+// the pool's are but in pgx's simple protocol
+// ([pgoncetest.SimpleProtocolDB]), so that both exec modes that work
+// behind a transaction pooler are tested, and database/sql's own
+// connection handling with them.
 func DatabaseSQLPgBouncer() Driver[*sql.Tx] {
-	return pooled(databaseSQLOver(NameDatabaseSQLPgBouncer, pgoncetest.PooledPool, pgoncetest.PooledURL, pgoncetest.PooledDB))
+	d := databaseSQLOver(NameDatabaseSQLPgBouncer, pgoncetest.PooledPool, pgoncetest.PooledURL, pgoncetest.PooledDB)
+	d.openFunc = func(pool *pgxpool.Pool, config outbox.Config) (*outbox.Client[*sql.Tx], func(), error) {
+		db := pgoncetest.SimpleProtocolDB(pool)
+		client, err := outbox.New(db, config)
+		if err != nil {
+			_ = db.Close()
+			return nil, nil, err
+		}
+		return client, func() { _ = db.Close() }, nil
+	}
+	return pooled(d)
 }
 
 func databaseSQLOver(name string, poolFunc func(tb testing.TB) *pgxpool.Pool, urlFunc func(tb testing.TB) string,
