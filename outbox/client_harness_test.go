@@ -179,3 +179,30 @@ func rowCounts(t *testing.T, schema string) (keys, outboxRows int) {
 	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_key WHERE state = 'open'`).Scan(&outboxRows))
 	return keys, outboxRows
 }
+
+// TestPooledHarnessGoesThroughPgBouncer checks the harness: the pooled
+// drivers' pool and *sql.DB reach the server through PgBouncer, which drops
+// the empty search_path that the direct ones ask for, and their clients
+// are told they are behind a transaction pooler.
+func TestPooledHarnessGoesThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	searchPath := func(t *testing.T, row interface{ Scan(...any) error }) string {
+		t.Helper()
+		var path string
+		require.NoError(t, row.Scan(&path))
+		return path
+	}
+	const query = "SELECT current_setting('search_path')"
+	require.Empty(t, searchPath(t, pgoncetest.Pool(t).QueryRow(t.Context(), query)))
+	require.Empty(t, searchPath(t, pgoncetest.DB(t).QueryRowContext(t.Context(), query)))
+	require.NotEmpty(t, searchPath(t, pgoncetest.PooledPool(t).QueryRow(t.Context(), query)))
+	require.NotEmpty(t, searchPath(t, pgoncetest.PooledDB(t).QueryRowContext(t.Context(), query)))
+
+	config := refundConfig(t)
+	pgxClient := drivertest.PgxPgBouncer().Client(t, config)
+	require.Equal(t, outbox.PoolingTransaction, pgxClient.Config().Pooling)
+	require.NotNil(t, pgxClient.Config().ListenConnectFunc)
+	stdClient := drivertest.DatabaseSQLPgBouncer().Client(t, config)
+	require.Equal(t, outbox.PoolingTransaction, stdClient.Config().Pooling)
+	require.NoError(t, stdClient.CheckSchema(t.Context()), "the exec mode is one a transaction pooler allows")
+}
