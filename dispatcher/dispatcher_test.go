@@ -195,7 +195,18 @@ func awaitState[TTx any](t *testing.T, client *outbox.Client[TTx], key outbox.Ke
 
 func TestDispatcher(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testDispatcher[pgx.Tx], testDispatcher[*sql.Tx])
+	drivertest.All(t, testDispatcher[pgx.Tx], testDispatcher[*sql.Tx])
+}
+
+// TestDispatcherDirect holds the dispatcher tests that bring a pool of
+// their own to the server (a shifted clock in its search_path, a pool
+// whose backends they kill, one behind a proxy that goes half-open, one
+// they find in pg_stat_activity by its application_name): none of these
+// is a pool through a transaction pooler, so they run on the direct
+// drivers only.
+func TestDispatcherDirect(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testDispatcherDirect[pgx.Tx], testDispatcherDirect[*sql.Tx])
 }
 
 func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -398,145 +409,6 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 			calls, effects := bundle.ledger.count(key)
 			require.Equal(t, 1, calls, "key %s", key)
 			require.Equal(t, 1, effects, "key %s", key)
-		}
-	})
-
-	t.Run("KeyRetentionIsMeasuredOnTheDatabaseClock", func(t *testing.T) {
-		t.Parallel()
-		bundle := setup(t, driver)
-		// The database's clock is an hour ahead of this process's.
-		registry := outbox.NewRegistry()
-		require.NoError(t, registry.RegisterWithOpts("refund", bundle.ledger, outbox.IdempotentByKey,
-			&outbox.ToolOpts{KeyRetention: time.Hour}))
-		client := driver.ClientOver(t, pgoncetest.ShiftedClockPool(t, time.Hour),
-			outbox.Config{Schema: bundle.schema, Registry: registry})
-
-		// An uncertain first attempt that acted 90 minutes ago by the
-		// database's clock (30 by the local one): the provider has forgotten
-		// its key, so a retry by key would act twice.
-		key := submit(t, client, "refund", 1)
-		_, err := pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
-			SET attempt = 1, ambiguous = true, first_attempted_at = pg_catalog.now() - interval '30 minutes'
-			WHERE key = $1`, pgoncetest.StoredKey(t, string(key)))
-		require.NoError(t, err)
-		bundle.ledger.mu.Lock()
-		bundle.ledger.effects[key] = 1
-		bundle.ledger.mu.Unlock()
-
-		d, err := dispatcher.New(client, fastConfig())
-		require.NoError(t, err)
-		start(t, d)
-
-		res := awaitState(t, client, key, outbox.StateSucceeded)
-		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, key), string(res.Response),
-			"past the provider's key retention the attempt looks up first")
-		calls, effects := bundle.ledger.count(key)
-		require.Zero(t, calls, "no retry by a forgotten key")
-		require.Equal(t, 1, effects)
-	})
-
-	t.Run("OutcomeSurvivesAKilledConnection", func(t *testing.T) {
-		t.Parallel()
-		bundle := setup(t, driver)
-		// The provider acts, and then the server kills every connection of
-		// the dispatcher's pool: recording the outcome meets a dead one.
-		pool, kill := pgoncetest.KillablePool(t)
-		killing := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-			resp, err := bundle.ledger.Call(ctx, req)
-			if err != nil {
-				return nil, err
-			}
-			return resp, kill(ctx)
-		})
-		registry := outbox.NewRegistry()
-		require.NoError(t, registry.Register("refund", killing, outbox.IdempotentByKey))
-		require.NoError(t, registry.Register("email", killing, outbox.AtMostOnce))
-		// No listener, and one call at a time: nothing else in the
-		// dispatcher uses, and so replaces, the dead connections.
-		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: true})
-		config := fastConfig()
-		config.Concurrency = 1
-		d, err := dispatcher.New(client, config)
-		require.NoError(t, err)
-		start(t, d)
-
-		// The test submits and reads through a pool of its own, so that only
-		// the dispatcher meets the dead connections.
-		for step, tool := range []string{"refund", "email"} {
-			key := submit(t, bundle.client, tool, int64(step))
-			var res outbox.Result
-			require.Eventually(t, func() bool {
-				res, err = bundle.client.Get(t.Context(), key)
-				return err == nil && res.State == outbox.StateSucceeded
-			}, 15*time.Second, 5*time.Millisecond, "%s: the provider's success was not recorded", tool)
-			require.Equal(t, 1, res.Attempts)
-			calls, effects := bundle.ledger.count(key)
-			require.Equal(t, 1, calls, tool)
-			require.Equal(t, 1, effects, tool)
-		}
-	})
-
-	t.Run("ClaimsAgainAfterAHalfOpenConnection", func(t *testing.T) {
-		t.Parallel()
-		bundle := setup(t, driver)
-		// The dispatcher reaches the database through a proxy that can make
-		// its connections half-open: the server gone without a word.
-		// Room for new connections: one dropped by its deadline keeps its
-		// slot while pgx drains it, for up to 15s.
-		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
-		client := driver.ClientOver(t, pool, outbox.Config{
-			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
-			StatementTimeout: halfOpenStatementTimeout,
-		})
-		d, err := dispatcher.New(client, fastConfig())
-		require.NoError(t, err)
-		start(t, d)
-
-		// The test submits and reads through the shared pool.
-		first := submit(t, bundle.client, "refund", 1)
-		awaitState(t, bundle.client, first, outbox.StateSucceeded)
-
-		proxy.BlackHole()
-		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 2, 5))
-		for _, key := range keys {
-			var last outbox.Result
-			require.Eventually(t, func() bool {
-				res, err := bundle.client.Get(t.Context(), key)
-				last = res
-				return err == nil && res.State == outbox.StateSucceeded
-			}, time.Minute, 10*time.Millisecond, "the dispatcher never claimed %s; last seen: %+v", key, &last)
-			calls, _ := bundle.ledger.count(key)
-			require.Equal(t, 1, calls)
-		}
-	})
-
-	t.Run("ClaimsAgainSoonAfterAFailedClaim", func(t *testing.T) {
-		t.Parallel()
-		bundle := setup(t, driver)
-		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 1, 3))
-		// The pool's one idle connection goes half-open, so the first
-		// claim fails on its deadline. Nothing else wakes the dispatcher:
-		// no notifications, and a poll an hour from now.
-		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
-		require.NoError(t, pool.Ping(t.Context()))
-		proxy.BlackHole()
-		client := driver.ClientOver(t, pool, outbox.Config{
-			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
-			StatementTimeout: halfOpenStatementTimeout,
-		})
-		config := fastConfig()
-		config.PollInterval = time.Hour
-		d, err := dispatcher.New(client, config)
-		require.NoError(t, err)
-		start(t, d)
-
-		for _, key := range keys {
-			require.Eventually(t, func() bool {
-				res, err := bundle.client.Get(t.Context(), key)
-				return err == nil && res.State == outbox.StateSucceeded
-			}, time.Minute, 10*time.Millisecond, "no claim after the failed one ran %s", key)
-			calls, _ := bundle.ledger.count(key)
-			require.Equal(t, 1, calls)
 		}
 	})
 
@@ -814,6 +686,150 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		}, time.Minute, 5*time.Millisecond)
 		awaitState(t, bundle.client, submit(t, bundle.client, "refund", 2), outbox.StateSucceeded)
 	})
+}
+
+func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+
+	t.Run("KeyRetentionIsMeasuredOnTheDatabaseClock", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// The database's clock is an hour ahead of this process's.
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.RegisterWithOpts("refund", bundle.ledger, outbox.IdempotentByKey,
+			&outbox.ToolOpts{KeyRetention: time.Hour}))
+		client := driver.ClientOver(t, pgoncetest.ShiftedClockPool(t, time.Hour),
+			outbox.Config{Schema: bundle.schema, Registry: registry})
+
+		// An uncertain first attempt that acted 90 minutes ago by the
+		// database's clock (30 by the local one): the provider has forgotten
+		// its key, so a retry by key would act twice.
+		key := submit(t, client, "refund", 1)
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `UPDATE "`+bundle.schema+`".pgonce_key
+			SET attempt = 1, ambiguous = true, first_attempted_at = pg_catalog.now() - interval '30 minutes'
+			WHERE key = $1`, pgoncetest.StoredKey(t, string(key)))
+		require.NoError(t, err)
+		bundle.ledger.mu.Lock()
+		bundle.ledger.effects[key] = 1
+		bundle.ledger.mu.Unlock()
+
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		res := awaitState(t, client, key, outbox.StateSucceeded)
+		require.JSONEq(t, fmt.Sprintf(`{"key":%q,"found":true}`, key), string(res.Response),
+			"past the provider's key retention the attempt looks up first")
+		calls, effects := bundle.ledger.count(key)
+		require.Zero(t, calls, "no retry by a forgotten key")
+		require.Equal(t, 1, effects)
+	})
+
+	t.Run("OutcomeSurvivesAKilledConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// The provider acts, and then the server kills every connection of
+		// the dispatcher's pool: recording the outcome meets a dead one.
+		pool, kill := pgoncetest.KillablePool(t)
+		killing := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			resp, err := bundle.ledger.Call(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return resp, kill(ctx)
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", killing, outbox.IdempotentByKey))
+		require.NoError(t, registry.Register("email", killing, outbox.AtMostOnce))
+		// No listener, and one call at a time: nothing else in the
+		// dispatcher uses, and so replaces, the dead connections.
+		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: true})
+		config := fastConfig()
+		config.Concurrency = 1
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		// The test submits and reads through a pool of its own, so that only
+		// the dispatcher meets the dead connections.
+		for step, tool := range []string{"refund", "email"} {
+			key := submit(t, bundle.client, tool, int64(step))
+			var res outbox.Result
+			require.Eventually(t, func() bool {
+				res, err = bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, 15*time.Second, 5*time.Millisecond, "%s: the provider's success was not recorded", tool)
+			require.Equal(t, 1, res.Attempts)
+			calls, effects := bundle.ledger.count(key)
+			require.Equal(t, 1, calls, tool)
+			require.Equal(t, 1, effects, tool)
+		}
+	})
+
+	t.Run("ClaimsAgainAfterAHalfOpenConnection", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// The dispatcher reaches the database through a proxy that can make
+		// its connections half-open: the server gone without a word.
+		// Room for new connections: one dropped by its deadline keeps its
+		// slot while pgx drains it, for up to 15s.
+		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+		client := driver.ClientOver(t, pool, outbox.Config{
+			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
+			StatementTimeout: halfOpenStatementTimeout,
+		})
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		// The test submits and reads through the shared pool.
+		first := submit(t, bundle.client, "refund", 1)
+		awaitState(t, bundle.client, first, outbox.StateSucceeded)
+
+		proxy.BlackHole()
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 2, 5))
+		for _, key := range keys {
+			var last outbox.Result
+			require.Eventually(t, func() bool {
+				res, err := bundle.client.Get(t.Context(), key)
+				last = res
+				return err == nil && res.State == outbox.StateSucceeded
+			}, time.Minute, 10*time.Millisecond, "the dispatcher never claimed %s; last seen: %+v", key, &last)
+			calls, _ := bundle.ledger.count(key)
+			require.Equal(t, 1, calls)
+		}
+	})
+
+	t.Run("ClaimsAgainSoonAfterAFailedClaim", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 1, 3))
+		// The pool's one idle connection goes half-open, so the first
+		// claim fails on its deadline. Nothing else wakes the dispatcher:
+		// no notifications, and a poll an hour from now.
+		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+		require.NoError(t, pool.Ping(t.Context()))
+		proxy.BlackHole()
+		client := driver.ClientOver(t, pool, outbox.Config{
+			Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true,
+			StatementTimeout: halfOpenStatementTimeout,
+		})
+		config := fastConfig()
+		config.PollInterval = time.Hour
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		start(t, d)
+
+		for _, key := range keys {
+			require.Eventually(t, func() bool {
+				res, err := bundle.client.Get(t.Context(), key)
+				return err == nil && res.State == outbox.StateSucceeded
+			}, time.Minute, 10*time.Millisecond, "no claim after the failed one ran %s", key)
+			calls, _ := bundle.ledger.count(key)
+			require.Equal(t, 1, calls)
+		}
+	})
+
 	t.Run("NotifyCooldownTrailingClaimFindsSuppressedKeys", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t, driver)
@@ -879,7 +895,7 @@ func listenerPID[TTx any](t *testing.T, client *outbox.Client[TTx]) int {
 
 func TestNewRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testNewRefusesInvalidConfig[pgx.Tx], testNewRefusesInvalidConfig[*sql.Tx])
+	drivertest.All(t, testNewRefusesInvalidConfig[pgx.Tx], testNewRefusesInvalidConfig[*sql.Tx])
 }
 
 func testNewRefusesInvalidConfig[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

@@ -41,7 +41,7 @@ func (f lookupFunc) Lookup(ctx context.Context, req outbox.Request) (json.RawMes
 
 func TestDispatcherFailureBodies(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testDispatcherFailureBodies[pgx.Tx], testDispatcherFailureBodies[*sql.Tx])
+	drivertest.All(t, testDispatcherFailureBodies[pgx.Tx], testDispatcherFailureBodies[*sql.Tx])
 }
 
 func testDispatcherFailureBodies[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -133,7 +133,7 @@ func testDispatcherFailureBodies[TTx any](t *testing.T, driver drivertest.Driver
 
 func TestDispatcherLogsWhatAnOperatorMustActOn(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testDispatcherLogs[pgx.Tx], testDispatcherLogs[*sql.Tx])
+	drivertest.All(t, testDispatcherLogs[pgx.Tx], testDispatcherLogs[*sql.Tx])
 }
 
 func testDispatcherLogs[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

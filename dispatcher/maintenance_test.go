@@ -62,7 +62,7 @@ func awaitLeader(t *testing.T, schema, workerID string) leader {
 
 func TestMaintenance(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testMaintenance[pgx.Tx], testMaintenance[*sql.Tx])
+	drivertest.All(t, testMaintenance[pgx.Tx], testMaintenance[*sql.Tx])
 }
 
 func testMaintenance[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

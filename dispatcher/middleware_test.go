@@ -41,7 +41,7 @@ func (l *outcomeLog) seen() ([]outbox.ProviderOutcome, []int) {
 
 func TestDispatcherRunsMiddleware(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testDispatcherRunsMiddleware[pgx.Tx], testDispatcherRunsMiddleware[*sql.Tx])
+	drivertest.All(t, testDispatcherRunsMiddleware[pgx.Tx], testDispatcherRunsMiddleware[*sql.Tx])
 }
 
 func testDispatcherRunsMiddleware[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

@@ -89,7 +89,7 @@ func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {
 
 func TestProcessesDrainEachRowOnce(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testProcessesDrainEachRowOnce[pgx.Tx], testProcessesDrainEachRowOnce[*sql.Tx])
+	drivertest.All(t, testProcessesDrainEachRowOnce[pgx.Tx], testProcessesDrainEachRowOnce[*sql.Tx])
 }
 
 func testProcessesDrainEachRowOnce[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -105,7 +105,7 @@ func testProcessesDrainEachRowOnce[TTx any](t *testing.T, driver drivertest.Driv
 	children := make([]*exec.Cmd, 3)
 	for i := range children {
 		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
-		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+pgoncetest.DatabaseURL(t),
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+driver.URL(t),
 			childDriverEnv+"="+driver.Name)
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())
@@ -144,7 +144,7 @@ func testProcessesDrainEachRowOnce[TTx any](t *testing.T, driver drivertest.Driv
 
 func TestProcessesKilledLeaderIsReplaced(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testProcessesKilledLeaderIsReplaced[pgx.Tx], testProcessesKilledLeaderIsReplaced[*sql.Tx])
+	drivertest.All(t, testProcessesKilledLeaderIsReplaced[pgx.Tx], testProcessesKilledLeaderIsReplaced[*sql.Tx])
 }
 
 // testProcessesKilledLeaderIsReplaced runs two dispatcher processes with
@@ -166,7 +166,7 @@ func testProcessesKilledLeaderIsReplaced[TTx any](t *testing.T, driver drivertes
 	children := map[int]*exec.Cmd{}
 	for range 2 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
-		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+pgoncetest.DatabaseURL(t),
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+driver.URL(t),
 			childDriverEnv+"="+driver.Name, childMaintenanceEnv+"=1")
 		cmd.Stderr = os.Stderr
 		require.NoError(t, cmd.Start())

@@ -37,7 +37,7 @@ func (m *metadataRecorder) calls(key outbox.Key) []map[string]string {
 
 func TestScheduleAndMetadata(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testScheduleAndMetadata[pgx.Tx], testScheduleAndMetadata[*sql.Tx])
+	drivertest.All(t, testScheduleAndMetadata[pgx.Tx], testScheduleAndMetadata[*sql.Tx])
 }
 
 func testScheduleAndMetadata[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

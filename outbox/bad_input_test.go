@@ -2,12 +2,14 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -20,14 +22,7 @@ import (
 // it was before, and that the client keeps serving.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testBadInput(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testBadInput(t, stdHarness())
-	})
+	eachHarness(t, testBadInput[pgx.Tx], testBadInput[*sql.Tx])
 }
 
 // txKind is the state of the caller's transaction that a bad-input row

@@ -15,7 +15,7 @@ import (
 
 func TestClaimTxCompleteTx(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testClaimTxCompleteTx, testClaimTxCompleteTx)
+	drivertest.All(t, testClaimTxCompleteTx, testClaimTxCompleteTx)
 }
 
 func testClaimTxCompleteTx[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

@@ -11,12 +11,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
 // driverHarness gives a test the same client over either driver, so that
-// every client test runs against pgx and database/sql alike.
+// every client test runs against pgx and database/sql alike, each directly
+// and through a PgBouncer in transaction pooling mode.
 type driverHarness[TTx any] struct {
+	// name names the harness's driver, as [drivertest] names it.
+	name      string
 	newClient func(t *testing.T, config outbox.Config) *outbox.Client[TTx]
 	begin     func(t *testing.T, opts *sql.TxOptions) TTx
 	commit    func(tx TTx) error
@@ -27,13 +31,37 @@ type driverHarness[TTx any] struct {
 	backendPID func(t *testing.T, tx TTx) int
 }
 
+// eachHarness runs the test once per driver harness, as parallel subtests
+// named by the driver: pgx and database/sql, directly and through the
+// shared PgBouncer in transaction pooling mode. Pass the two instances of
+// one generic test function.
+func eachHarness(t *testing.T, pgxTest func(*testing.T, driverHarness[pgx.Tx]), stdTest func(*testing.T, driverHarness[*sql.Tx])) {
+	t.Helper()
+	for _, h := range []driverHarness[pgx.Tx]{pgxHarness(), pgxHarnessOver(drivertest.PgxPgBouncer())} {
+		t.Run(h.name, func(t *testing.T) {
+			t.Parallel()
+			pgxTest(t, h)
+		})
+	}
+	for _, h := range []driverHarness[*sql.Tx]{stdHarness(), stdHarnessOver(drivertest.DatabaseSQLPgBouncer(), pgoncetest.PooledDB)} {
+		t.Run(h.name, func(t *testing.T) {
+			t.Parallel()
+			stdTest(t, h)
+		})
+	}
+}
+
 func pgxHarness() driverHarness[pgx.Tx] {
+	return pgxHarnessOver(drivertest.Pgx())
+}
+
+// pgxHarnessOver is the pgx harness over d's pool and clients.
+func pgxHarnessOver(d drivertest.Driver[pgx.Tx]) driverHarness[pgx.Tx] {
 	return driverHarness[pgx.Tx]{
+		name: d.Name,
 		newClient: func(t *testing.T, config outbox.Config) *outbox.Client[pgx.Tx] {
 			t.Helper()
-			client, err := outbox.NewPgx(pgoncetest.Pool(t), config)
-			require.NoError(t, err)
-			return client
+			return d.Client(t, config)
 		},
 		begin: func(t *testing.T, opts *sql.TxOptions) pgx.Tx {
 			t.Helper()
@@ -44,7 +72,7 @@ func pgxHarness() driverHarness[pgx.Tx] {
 			if opts != nil && opts.Isolation == sql.LevelRepeatableRead {
 				txOpts.IsoLevel = pgx.RepeatableRead
 			}
-			tx, err := pgoncetest.Pool(t).BeginTx(t.Context(), txOpts)
+			tx, err := d.Pool(t).BeginTx(t.Context(), txOpts)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 			return tx
@@ -65,16 +93,21 @@ func pgxHarness() driverHarness[pgx.Tx] {
 }
 
 func stdHarness() driverHarness[*sql.Tx] {
+	return stdHarnessOver(drivertest.DatabaseSQL(), pgoncetest.DB)
+}
+
+// stdHarnessOver is the database/sql harness over d's clients, and
+// transactions of the *sql.DB that dbFunc returns, one over d's pool.
+func stdHarnessOver(d drivertest.Driver[*sql.Tx], dbFunc func(tb testing.TB) *sql.DB) driverHarness[*sql.Tx] {
 	return driverHarness[*sql.Tx]{
+		name: d.Name,
 		newClient: func(t *testing.T, config outbox.Config) *outbox.Client[*sql.Tx] {
 			t.Helper()
-			client, err := outbox.New(pgoncetest.DB(t), config)
-			require.NoError(t, err)
-			return client
+			return d.Client(t, config)
 		},
 		begin: func(t *testing.T, opts *sql.TxOptions) *sql.Tx {
 			t.Helper()
-			tx, err := pgoncetest.DB(t).BeginTx(t.Context(), opts)
+			tx, err := dbFunc(t).BeginTx(t.Context(), opts)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return tx
@@ -145,4 +178,31 @@ func rowCounts(t *testing.T, schema string) (keys, outboxRows int) {
 	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_key`).Scan(&keys))
 	require.NoError(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM "`+schema+`".pgonce_key WHERE state = 'open'`).Scan(&outboxRows))
 	return keys, outboxRows
+}
+
+// TestPooledHarnessGoesThroughPgBouncer checks the harness: the pooled
+// drivers' pool and *sql.DB reach the server through PgBouncer, which drops
+// the empty search_path that the direct ones ask for, and their clients
+// are told they are behind a transaction pooler.
+func TestPooledHarnessGoesThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	searchPath := func(t *testing.T, row interface{ Scan(...any) error }) string {
+		t.Helper()
+		var path string
+		require.NoError(t, row.Scan(&path))
+		return path
+	}
+	const query = "SELECT current_setting('search_path')"
+	require.Empty(t, searchPath(t, pgoncetest.Pool(t).QueryRow(t.Context(), query)))
+	require.Empty(t, searchPath(t, pgoncetest.DB(t).QueryRowContext(t.Context(), query)))
+	require.NotEmpty(t, searchPath(t, pgoncetest.PooledPool(t).QueryRow(t.Context(), query)))
+	require.NotEmpty(t, searchPath(t, pgoncetest.PooledDB(t).QueryRowContext(t.Context(), query)))
+
+	config := refundConfig(t)
+	pgxClient := drivertest.PgxPgBouncer().Client(t, config)
+	require.Equal(t, outbox.PoolingTransaction, pgxClient.Config().Pooling)
+	require.NotNil(t, pgxClient.Config().ListenConnectFunc)
+	stdClient := drivertest.DatabaseSQLPgBouncer().Client(t, config)
+	require.Equal(t, outbox.PoolingTransaction, stdClient.Config().Pooling)
+	require.NoError(t, stdClient.CheckSchema(t.Context()), "the exec mode is one a transaction pooler allows")
 }

@@ -160,7 +160,9 @@ func stdOneConn() oneConnHarness[*sql.Tx] {
 
 // TestOneConnection runs every public operation over a pool of one
 // connection (pgxpool MaxConns 1; database/sql SetMaxOpenConns 1): none may
-// need a second connection while it holds the first.
+// need a second connection while it holds the first. It runs over direct
+// connections only: behind a transaction pooler a listener has a direct
+// connection of its own, and never shares the pool.
 func TestOneConnection(t *testing.T) {
 	t.Parallel()
 	t.Run("Pgx", func(t *testing.T) {

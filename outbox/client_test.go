@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -20,14 +21,7 @@ import (
 
 func TestClient(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testClient(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testClient(t, stdHarness())
-	})
+	eachHarness(t, testClient[pgx.Tx], testClient[*sql.Tx])
 }
 
 func refundCall(runID string) outbox.Call {

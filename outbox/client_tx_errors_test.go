@@ -2,9 +2,11 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,14 +18,7 @@ import (
 
 func TestSubmitTxTransactionErrors(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testSubmitTxTransactionErrors(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testSubmitTxTransactionErrors(t, stdHarness())
-	})
+	eachHarness(t, testSubmitTxTransactionErrors[pgx.Tx], testSubmitTxTransactionErrors[*sql.Tx])
 }
 
 func testSubmitTxTransactionErrors[TTx any](t *testing.T, h driverHarness[TTx]) {

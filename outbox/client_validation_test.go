@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"database/sql"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -43,14 +44,7 @@ func TestSubmitTxRefusesNilTransaction(t *testing.T) {
 
 func TestClientRefusesNULBeforeSQL(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testClientRefusesNULBeforeSQL(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testClientRefusesNULBeforeSQL(t, stdHarness())
-	})
+	eachHarness(t, testClientRefusesNULBeforeSQL[pgx.Tx], testClientRefusesNULBeforeSQL[*sql.Tx])
 }
 
 func testClientRefusesNULBeforeSQL[TTx any](t *testing.T, h driverHarness[TTx]) {

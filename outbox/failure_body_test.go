@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -70,14 +72,7 @@ func TestPermanentBody(t *testing.T) {
 
 func TestFailureBodies(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testFailureBodies(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testFailureBodies(t, stdHarness())
-	})
+	eachHarness(t, testFailureBodies[pgx.Tx], testFailureBodies[*sql.Tx])
 }
 
 // failingLookup is a natural-id provider whose calls are uncertain, and

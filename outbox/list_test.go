@@ -22,7 +22,7 @@ import (
 
 func TestList(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testList[pgx.Tx], testList[*sql.Tx])
+	drivertest.All(t, testList[pgx.Tx], testList[*sql.Tx])
 }
 
 // listAll pages through params with a page size of limit and returns every

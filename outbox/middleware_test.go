@@ -48,7 +48,7 @@ func (m *recordingMiddleware) Seen() []middlewareSeen {
 
 func TestMiddleware(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testMiddleware, testMiddleware)
+	drivertest.All(t, testMiddleware, testMiddleware)
 }
 
 func testMiddleware[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
@@ -167,7 +167,7 @@ func testMiddleware[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 
 	t.Run("NilMiddlewareIsRefused", func(t *testing.T) {
 		t.Parallel()
-		_, _, err := d.Open(pgoncetest.Pool(t), outbox.Config{Schema: pgoncetest.Schema(t), Middleware: []outbox.Middleware{nil}})
+		_, _, err := d.Open(d.Pool(t), outbox.Config{Schema: pgoncetest.Schema(t), Middleware: []outbox.Middleware{nil}})
 		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 		registry := outbox.NewRegistry()
 		err = registry.RegisterWithOpts("refund", &countingProvider{}, outbox.IdempotentByKey, &outbox.ToolOpts{Middleware: []outbox.Middleware{nil}})

@@ -2,12 +2,14 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -20,14 +22,7 @@ import (
 // gets replayed, in any process.
 func TestObservationReplayed(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testObservationReplayed(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testObservationReplayed(t, stdHarness())
-	})
+	eachHarness(t, testObservationReplayed[pgx.Tx], testObservationReplayed[*sql.Tx])
 }
 
 func testObservationReplayed[TTx any](t *testing.T, h driverHarness[TTx]) {

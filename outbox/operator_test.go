@@ -99,7 +99,7 @@ var (
 
 func TestCancel(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testCancel[pgx.Tx], testCancel[*sql.Tx])
+	drivertest.All(t, testCancel[pgx.Tx], testCancel[*sql.Tx])
 }
 
 func testCancel[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -260,7 +260,7 @@ func testCancel[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 func TestRetry(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRetry[pgx.Tx], testRetry[*sql.Tx])
+	drivertest.All(t, testRetry[pgx.Tx], testRetry[*sql.Tx])
 }
 
 func testRetry[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -395,7 +395,7 @@ func testRetry[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 func TestSchedule(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testSchedule[pgx.Tx], testSchedule[*sql.Tx])
+	drivertest.All(t, testSchedule[pgx.Tx], testSchedule[*sql.Tx])
 }
 
 func testSchedule[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -473,7 +473,7 @@ func testSchedule[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 func TestMetadata(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testMetadata[pgx.Tx], testMetadata[*sql.Tx])
+	drivertest.All(t, testMetadata[pgx.Tx], testMetadata[*sql.Tx])
 }
 
 func testMetadata[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

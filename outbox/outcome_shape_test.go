@@ -2,12 +2,14 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/httpstatus"
@@ -21,14 +23,7 @@ import (
 // observation and HTTP status those make, on both drivers.
 func TestOutcomeShape(t *testing.T) {
 	t.Parallel()
-	t.Run("Pgx", func(t *testing.T) {
-		t.Parallel()
-		testOutcomeShape(t, pgxHarness())
-	})
-	t.Run("DatabaseSQL", func(t *testing.T) {
-		t.Parallel()
-		testOutcomeShape(t, stdHarness())
-	})
+	eachHarness(t, testOutcomeShape[pgx.Tx], testOutcomeShape[*sql.Tx])
 }
 
 // outcome is one cell: what one operation returns in one situation.

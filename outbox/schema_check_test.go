@@ -25,7 +25,7 @@ import (
 // and CheckSchema says so before any operation, writing nothing.
 func TestNotMigrated(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testNotMigrated[pgx.Tx], testNotMigrated[*sql.Tx])
+	drivertest.All(t, testNotMigrated[pgx.Tx], testNotMigrated[*sql.Tx])
 }
 
 func testNotMigrated[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

@@ -33,7 +33,9 @@ const smallPoolProviderLatency = 3300 * time.Millisecond
 // TestSmallPool is that report's service: a pool of two connections shared
 // by a dispatcher and many requests that each submit a call and wait for
 // its result. Every request gets its result within its wait, and the
-// dispatcher warns that the pool is smaller than it needs.
+// dispatcher warns that the pool is smaller than it needs. It runs over
+// direct connections only: behind a transaction pooler the dispatcher's
+// listener has a direct connection of its own, and never shares the pool.
 func TestSmallPool(t *testing.T) {
 	t.Parallel()
 	drivertest.Each(t, testSmallPool[pgx.Tx], testSmallPool[*sql.Tx])

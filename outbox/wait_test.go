@@ -3,17 +3,20 @@ package outbox_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -63,6 +66,9 @@ func killBackends(ctx context.Context, t *testing.T, tag string, killed *atomic.
 	return done
 }
 
+// TestWaitSurvivesKilledConnections runs directly only: it kills the
+// backends of a pool of its own, found by their application_name, which
+// the server connections behind a transaction pooler do not carry.
 func TestWaitSurvivesKilledConnections(t *testing.T) {
 	t.Parallel()
 
@@ -144,6 +150,9 @@ func TestWaitSurvivesKilledConnections(t *testing.T) {
 	}
 }
 
+// TestWaitSurvivesAHalfOpenConnection runs directly only: its waiting
+// client's pool is one of its own, behind a proxy that makes its
+// connections half-open.
 func TestWaitSurvivesAHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	schema := pgoncetest.Schema(t)
@@ -189,35 +198,9 @@ func TestWaitSurvivesAHalfOpenConnection(t *testing.T) {
 func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 	t.Parallel()
 
-	t.Run("MissingTable", func(t *testing.T) {
+	t.Run("OverEachDriver", func(t *testing.T) {
 		t.Parallel()
-		// A schema that was never migrated: retrying cannot help.
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), outbox.Config{Schema: pgoncetest.NewSchemaName(t)})
-		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		_, err = client.Wait(ctx, mustKey(t, refundCall("run-1")))
-		require.Error(t, err)
-		require.NoError(t, ctx.Err(), "Wait retried a definitive error until ctx was done")
-	})
-
-	t.Run("Expired", func(t *testing.T) {
-		t.Parallel()
-		config := refundConfig(t)
-		schema := config.Schema
-		client, err := outbox.NewPgx(pgoncetest.Pool(t), config)
-		require.NoError(t, err)
-		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
-		require.NoError(t, err)
-		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(schema), pgoncetest.StoredKey(t, string(done.Key)), nil)
-		require.NoError(t, err)
-
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		got, err := client.Wait(ctx, done.Key)
-		require.ErrorIs(t, err, outbox.ErrExpired)
-		require.Equal(t, outbox.StateExpired, got.State)
-		require.NoError(t, ctx.Err())
+		eachHarness(t, testWaitReturnsDefinitiveErrorsAtOnce[pgx.Tx], testWaitReturnsDefinitiveErrorsAtOnce[*sql.Tx])
 	})
 
 	t.Run("ServerUnreachableUntilCtxDone", func(t *testing.T) {
@@ -240,4 +223,98 @@ func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 		require.Contains(t, err.Error(), "last read failed")
 		require.Equal(t, outbox.Result{}, got)
 	})
+}
+
+func testWaitReturnsDefinitiveErrorsAtOnce[TTx any](t *testing.T, h driverHarness[TTx]) {
+	t.Helper()
+
+	t.Run("MissingTable", func(t *testing.T) {
+		t.Parallel()
+		// A schema that was never migrated: retrying cannot help.
+		client := h.newClient(t, outbox.Config{Schema: pgoncetest.NewSchemaName(t)})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		_, err := client.Wait(ctx, mustKey(t, refundCall("run-1")))
+		require.Error(t, err)
+		require.NoError(t, ctx.Err(), "Wait retried a definitive error until ctx was done")
+	})
+
+	t.Run("Expired", func(t *testing.T) {
+		t.Parallel()
+		config := refundConfig(t)
+		schema := config.Schema
+		client := h.newClient(t, config)
+		done, err := client.Do(t.Context(), refundCall("run-old"), nil)
+		require.NoError(t, err)
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(schema), pgoncetest.StoredKey(t, string(done.Key)), nil)
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		got, err := client.Wait(ctx, done.Key)
+		require.ErrorIs(t, err, outbox.ErrExpired)
+		require.Equal(t, outbox.StateExpired, got.State)
+		require.NoError(t, ctx.Err())
+	})
+}
+
+// TestWaitThroughATransactionPoolerPolls waits through the shared PgBouncer
+// in transaction pooling mode with no ListenConnectFunc: the client never
+// listens through the pooler, which would hear nothing, and its waits read
+// their keys again until the result is there.
+func TestWaitThroughATransactionPoolerPolls(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		newClient func(t *testing.T, config outbox.Config) func(ctx context.Context, key outbox.Key) (outbox.Result, error)
+	}{
+		{drivertest.NamePgxPgBouncer, func(t *testing.T, config outbox.Config) func(context.Context, outbox.Key) (outbox.Result, error) {
+			t.Helper()
+			client, err := outbox.NewPgx(pgoncetest.PooledPool(t), config)
+			require.NoError(t, err)
+			return client.Wait
+		}},
+		{drivertest.NameDatabaseSQLPgBouncer, func(t *testing.T, config outbox.Config) func(context.Context, outbox.Key) (outbox.Result, error) {
+			t.Helper()
+			client, err := outbox.New(pgoncetest.PooledDB(t), config)
+			require.NoError(t, err)
+			return client.Wait
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			config := refundConfig(t)
+			other, err := outbox.NewPgx(pgoncetest.Pool(t), config)
+			require.NoError(t, err)
+			res, err := other.Submit(t.Context(), refundCall("run-pooled"))
+			require.NoError(t, err)
+
+			logger, logs := pgoncetest.CaptureLogs()
+			config.Logger = logger
+			config.Pooling = outbox.PoolingTransaction
+			wait := tt.newClient(t, config)
+
+			type waited struct {
+				res outbox.Result
+				err error
+			}
+			result := make(chan waited, 1)
+			waitCtx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			go func() {
+				res, err := wait(waitCtx, res.Key)
+				result <- waited{res, err}
+			}()
+			logs.Await(t, func(r pgoncetest.LogRecord) bool {
+				return r.Message == "pgonce: behind a transaction pooler without ListenConnectFunc; waits poll"
+			})
+
+			done, err := other.Do(t.Context(), refundCall("run-pooled"), nil)
+			require.NoError(t, err)
+			got := <-result
+			require.NoError(t, got.err)
+			require.Equal(t, outbox.StateSucceeded, got.res.State)
+			require.Equal(t, []byte(done.Response), []byte(got.res.Response))
+		})
+	}
 }

@@ -39,7 +39,7 @@ func (declinedLookup) Lookup(context.Context, outbox.Request) (json.RawMessage, 
 
 func TestRunOnceFailureBodiesAndLogs(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRunOnceFailureBodiesAndLogs[pgx.Tx], testRunOnceFailureBodiesAndLogs[*sql.Tx])
+	drivertest.All(t, testRunOnceFailureBodiesAndLogs[pgx.Tx], testRunOnceFailureBodiesAndLogs[*sql.Tx])
 }
 
 func testRunOnceFailureBodiesAndLogs[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

@@ -17,7 +17,7 @@ import (
 
 func TestRunOnceLookupsRunMiddleware(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRunOnceLookupsRunMiddleware[pgx.Tx], testRunOnceLookupsRunMiddleware[*sql.Tx])
+	drivertest.All(t, testRunOnceLookupsRunMiddleware[pgx.Tx], testRunOnceLookupsRunMiddleware[*sql.Tx])
 }
 
 func testRunOnceLookupsRunMiddleware[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

@@ -105,7 +105,7 @@ func state[TTx any](t *testing.T, bundle *testBundle[TTx], key outbox.Key) outbo
 
 func TestRunOnce(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRunOnce[pgx.Tx], testRunOnce[*sql.Tx])
+	drivertest.All(t, testRunOnce[pgx.Tx], testRunOnce[*sql.Tx])
 }
 
 func testRunOnce[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -277,7 +277,7 @@ func (b *barrierLookup) Lookup(ctx context.Context, req outbox.Request) (json.Ra
 
 func TestRunOnceLooksUpABatchAtOnce(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRunOnceLooksUpABatchAtOnce[pgx.Tx], testRunOnceLooksUpABatchAtOnce[*sql.Tx])
+	drivertest.All(t, testRunOnceLooksUpABatchAtOnce[pgx.Tx], testRunOnceLooksUpABatchAtOnce[*sql.Tx])
 }
 
 func testRunOnceLooksUpABatchAtOnce[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -313,7 +313,7 @@ func (*panickingLookup) Lookup(context.Context, outbox.Request) (json.RawMessage
 
 func TestRunOnceSurvivesPanickingLookup(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRunOnceSurvivesPanickingLookup[pgx.Tx], testRunOnceSurvivesPanickingLookup[*sql.Tx])
+	drivertest.All(t, testRunOnceSurvivesPanickingLookup[pgx.Tx], testRunOnceSurvivesPanickingLookup[*sql.Tx])
 }
 
 func testRunOnceSurvivesPanickingLookup[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -355,7 +355,7 @@ func (b badTextLookup) Lookup(ctx context.Context, req outbox.Request) (json.Raw
 
 func TestRunOnceBadLookupErrorTextCostsNoOutcome(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testRunOnceBadLookupErrorTextCostsNoOutcome[pgx.Tx], testRunOnceBadLookupErrorTextCostsNoOutcome[*sql.Tx])
+	drivertest.All(t, testRunOnceBadLookupErrorTextCostsNoOutcome[pgx.Tx], testRunOnceBadLookupErrorTextCostsNoOutcome[*sql.Tx])
 }
 
 func testRunOnceBadLookupErrorTextCostsNoOutcome[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
@@ -393,6 +393,9 @@ func testRunOnceBadLookupErrorTextCostsNoOutcome[TTx any](t *testing.T, driver d
 	require.Equal(t, "lookup: lookup \uFFFD failed \uFFFD", inspection.Queue.LastError)
 }
 
+// TestRunOnceAfterAHalfOpenConnection runs on the direct drivers only: its
+// client's pool is one of its own, behind a proxy that makes its
+// connections half-open, not a pool through a transaction pooler.
 func TestRunOnceAfterAHalfOpenConnection(t *testing.T) {
 	t.Parallel()
 	drivertest.Each(t, testRunOnceAfterAHalfOpenConnection[pgx.Tx], testRunOnceAfterAHalfOpenConnection[*sql.Tx])

@@ -22,7 +22,7 @@ import (
 // by how its own registry (the CLI's placeholders, say) names the tool.
 func TestStoredToolSettings(t *testing.T) {
 	t.Parallel()
-	drivertest.Each(t, testStoredToolSettings[pgx.Tx], testStoredToolSettings[*sql.Tx])
+	drivertest.All(t, testStoredToolSettings[pgx.Tx], testStoredToolSettings[*sql.Tx])
 }
 
 func testStoredToolSettings[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {

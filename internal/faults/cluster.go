@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
 )
 
 // Environment variables of private clusters.
@@ -76,7 +77,7 @@ func NewCluster(tb testing.TB, env map[string]string) *Cluster {
 	}
 	var suffix [4]byte
 	_, _ = rand.Read(suffix[:])
-	c := &Cluster{tb: tb, Version: version, Name: ClusterPrefix + hex.EncodeToString(suffix[:]), Port: freePort(tb)}
+	c := &Cluster{tb: tb, Version: version, Name: ClusterPrefix + hex.EncodeToString(suffix[:]), Port: pgoncetest.FreePort(tb)}
 	tb.Cleanup(func() {
 		if out, err := exec.Command("pg_dropcluster", "--stop", c.Version, c.Name).CombinedOutput(); err != nil { //nolint:gosec // our own cluster name
 			tb.Errorf("faults: drop cluster %s: %v\n%s", c.Name, err, out)
@@ -167,14 +168,4 @@ func newestVersion() string {
 		}
 	}
 	return best
-}
-
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("faults: find a free port: %v", err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -57,7 +57,7 @@ func TestPgBouncerEssentials(t *testing.T) {
 }
 
 func testPgBouncerEssentials[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
-	bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 4)
+	bouncer := pgoncetest.NewPgBouncer(t, "127.0.0.1", 5432, 4)
 	pool := pooledPool(t, bouncer.URL())
 	schema := pgoncetest.Schema(t)
 	var calls sync.Map
@@ -145,7 +145,7 @@ func testPgBouncerEssentials[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 // statements, and a dispatcher that would listen through the pooler.
 func TestPgBouncerRefuses(t *testing.T) {
 	t.Parallel()
-	bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 2)
+	bouncer := pgoncetest.NewPgBouncer(t, "127.0.0.1", 5432, 2)
 	schema := pgoncetest.Schema(t)
 
 	t.Run("PoolThatPreparesStatements", func(t *testing.T) {
@@ -191,7 +191,7 @@ func TestPgBouncerRefuses(t *testing.T) {
 }
 
 func testRefuseListen[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
-	bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 2)
+	bouncer := pgoncetest.NewPgBouncer(t, "127.0.0.1", 5432, 2)
 	pool := pooledPool(t, bouncer.URL())
 	schema := pgoncetest.Schema(t)
 	client := d.ClientOver(t, pool, outbox.Config{Schema: schema, Pooling: outbox.PoolingTransaction})
@@ -222,7 +222,7 @@ func TestPgBouncerFaults(t *testing.T) {
 	for _, drv := range []driver{driverPgx, driverStd} {
 		t.Run(string(drv), func(t *testing.T) {
 			t.Parallel()
-			bouncer := faults.NewPgBouncer(t, "127.0.0.1", 5432, 4)
+			bouncer := pgoncetest.NewPgBouncer(t, "127.0.0.1", 5432, 4)
 			b := setup(t, &bundleOpts{
 				driver: drv, databaseURL: bouncer.URL(), transactionPooled: true,
 				latency: 2 * time.Millisecond, mode: failTransientOneInTen,

@@ -201,6 +201,7 @@ func MainThen(m *testing.M, then func(code int) int) {
 	if then != nil {
 		code = then(code)
 	}
+	closePooled()
 	if shared.db != nil {
 		_ = shared.db.Close()
 	}
