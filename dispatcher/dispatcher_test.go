@@ -879,6 +879,52 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		awaitState(t, bundle.client, second, outbox.StateSucceeded)
 		stop()
 	})
+
+	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderTheDefaultCooldown", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+		require.NoError(t, err)
+		poolConfig.ConnConfig.RuntimeParams["application_name"] = bundle.schema
+		pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: bundle.registry})
+		require.Equal(t, outbox.NotifyCooldownDefault, client.Config().NotifyCooldown)
+		config := fastConfig()
+		config.PollInterval = time.Hour // only a notification, or the trailing claim after one, can wake it
+		d, err := dispatcher.New(client, config)
+		require.NoError(t, err)
+		stop := start(t, d)
+		require.Eventually(t, func() bool { return listenerPID(t, client) != 0 }, time.Minute, 5*time.Millisecond)
+
+		var lone outbox.Key
+		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
+			first := awaitState(t, bundle.client, submit(t, client, "refund", 1), outbox.StateSucceeded)
+			// Once the first call is recorded the dispatcher claims again,
+			// finds nothing, and waits. The trailing claim one cooldown
+			// after the first notification comes and goes before two
+			// cooldowns past the first call's completion, on the one clock
+			// of this machine. From then on only a notification wakes it.
+			require.Eventually(t, func() bool {
+				var idle bool
+				require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `
+					SELECT now() > $2::timestamptz + $3 * interval '2 millisecond' AND EXISTS (
+						SELECT 1 FROM pg_stat_activity
+						WHERE application_name = $1
+							AND query LIKE '-- name: OutboxClaimBatch %'
+							AND state = 'idle'
+							AND query_start > $2
+					)`, bundle.schema, first.CompletedAt, outbox.NotifyCooldownDefault.Milliseconds()).Scan(&idle))
+				return idle
+			}, time.Minute, time.Millisecond, "the dispatcher never claimed after the first call")
+			lone = submit(t, client, "refund", 2)
+		})
+		require.Equal(t, 2, notified, "a submit after a quiet cooldown must notify")
+		res := awaitState(t, bundle.client, lone, outbox.StateSucceeded)
+		t.Logf("the lone call was recorded %s after its submit", res.CompletedAt.Sub(res.CreatedAt))
+		stop()
+	})
 }
 
 // listenerPID returns the backend pid of the connection that listens on
