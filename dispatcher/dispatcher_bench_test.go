@@ -295,15 +295,16 @@ func BenchmarkDrain(b *testing.B) {
 // BenchmarkEndToEnd times the whole path under load: endToEndCallers
 // goroutines submit endToEndRows calls, each in a pgx transaction of its
 // own, while one dispatcher runs them; an iteration ends when every outcome
-// is recorded. It reports calls/s with a notification per submit
-// (NotifyCooldown negative) and with the default 10 ms cooldown.
+// is recorded. It reports calls/s with a notification per submit and with a
+// 10 ms NotifyCooldown, and how long calls waited from their submit to
+// their claim (median, 99th percentile and worst, by the database's clock).
 func BenchmarkEndToEnd(b *testing.B) {
 	for _, tt := range []struct {
 		name     string
 		cooldown time.Duration
 	}{
-		{name: "EverySubmitNotifies", cooldown: -1},
-		{name: "NotifyCooldown=10ms"},
+		{name: "Notify"},
+		{name: "NotifyCooldown=10ms", cooldown: 10 * time.Millisecond},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
 			schema := pgoncetest.Schema(b)
@@ -319,7 +320,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 
 			ctx := context.Background()
 			pool := pgoncetest.Pool(b)
-			var elapsed time.Duration
+			var (
+				elapsed                   time.Duration
+				waitP50, waitP99, waitMax []float64
+			)
 			b.ResetTimer()
 			for i := range b.N {
 				reached := provider.expect(endToEndRows)
@@ -357,8 +361,27 @@ func BenchmarkEndToEnd(b *testing.B) {
 				benchAwait(b, reached, "the provider calls")
 				benchAwaitEmpty(b, schema)
 				elapsed += time.Since(began)
+				b.StopTimer()
+				// How long each call waited for its claim, from its submit
+				// (the submitting transaction's start), by the database's
+				// clock.
+				var p50, p99, worst float64
+				require.NoError(b, pool.QueryRow(ctx, `SELECT
+						percentile_cont(0.5) WITHIN GROUP (ORDER BY w),
+						percentile_cont(0.99) WITHIN GROUP (ORDER BY w),
+						max(w)
+					FROM (
+						SELECT extract(epoch FROM first_attempted_at - created_at) * 1000 AS w
+						FROM `+ident.Quote(schema)+`.pgonce_key
+						WHERE run_id = $1
+					) AS waits`, fmt.Sprintf("e2e/%d", i)).Scan(&p50, &p99, &worst))
+				waitP50, waitP99, waitMax = append(waitP50, p50), append(waitP99, p99), append(waitMax, worst)
+				b.StartTimer()
 			}
 			b.ReportMetric(float64(b.N*endToEndRows)/elapsed.Seconds(), "calls/s")
+			b.ReportMetric(median(waitP50), "submit-to-claim-p50-ms")
+			b.ReportMetric(median(waitP99), "submit-to-claim-p99-ms")
+			b.ReportMetric(median(waitMax), "submit-to-claim-max-ms")
 		})
 	}
 }
@@ -552,4 +575,18 @@ func benchEnvInt(name string, fallback int) int {
 		return v
 	}
 	return fallback
+}
+
+// median returns the median of values, or 0 for none.
+func median(values []float64) float64 {
+	if len(values) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(values)
+	slices.Sort(sorted)
+	if n := len(sorted); n%2 == 1 {
+		return sorted[n/2]
+	} else {
+		return (sorted[n/2-1] + sorted[n/2]) / 2
+	}
 }

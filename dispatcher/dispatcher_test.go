@@ -880,7 +880,7 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		stop()
 	})
 
-	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderTheDefaultCooldown", func(t *testing.T) {
+	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderACooldown", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t, driver)
 		poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
@@ -889,8 +889,8 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig)
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
-		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: bundle.registry})
-		require.Equal(t, outbox.NotifyCooldownDefault, client.Config().NotifyCooldown)
+		const cooldown = 10 * time.Millisecond
+		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown})
 		config := fastConfig()
 		config.PollInterval = time.Hour // only a notification, or the trailing claim after one, can wake it
 		d, err := dispatcher.New(client, config)
@@ -915,7 +915,7 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 							AND query LIKE '-- name: OutboxClaimBatch %'
 							AND state = 'idle'
 							AND query_start > $2
-					)`, bundle.schema, first.CompletedAt, outbox.NotifyCooldownDefault.Milliseconds()).Scan(&idle))
+					)`, bundle.schema, first.CompletedAt, cooldown.Milliseconds()).Scan(&idle))
 				return idle
 			}, time.Minute, time.Millisecond, "the dispatcher never claimed after the first call")
 			lone = submit(t, client, "refund", 2)
