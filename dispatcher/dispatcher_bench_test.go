@@ -584,9 +584,9 @@ func median(values []float64) float64 {
 	}
 	sorted := slices.Clone(values)
 	slices.Sort(sorted)
-	if n := len(sorted); n%2 == 1 {
+	n := len(sorted)
+	if n%2 == 1 {
 		return sorted[n/2]
-	} else {
-		return (sorted[n/2-1] + sorted[n/2]) / 2
 	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
 }
