@@ -16,8 +16,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pgonce/pgonce/outbox"
 )
+
+// downstreamKeyAttr names the span attribute of the key sent downstream,
+// the telemetry package's AttrDownstreamKey.
+const downstreamKeyAttr = "pgonce.downstream_key"
 
 // Defaults of [Config].
 const (
@@ -289,6 +296,11 @@ func (p *Provider) newRequest(ctx context.Context, req outbox.Request) (*http.Re
 	}
 	if !validHeaderValue(key) {
 		return nil, fmt.Errorf("key: %q is not a header value", key)
+	}
+	if key != string(req.Key) {
+		// The call's span says which key went downstream when it is not
+		// the call's own (telemetry.AttrDownstreamKey).
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String(downstreamKeyAttr, key))
 	}
 	httpReq, err := http.NewRequestWithContext(ctx, p.config.Method, target, bytes.NewReader(body))
 	if err != nil {

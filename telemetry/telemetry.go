@@ -80,12 +80,16 @@ const (
 const (
 	// AttrKey is the call's key; on a provider call's span, also the key
 	// the provider received to pass downstream.
-	AttrKey      = attribute.Key("pgonce.key")
-	AttrTool     = attribute.Key("pgonce.tool")
-	AttrAttempt  = attribute.Key("pgonce.attempt")
-	AttrDelivery = attribute.Key("pgonce.delivery")
-	AttrOp       = attribute.Key("pgonce.op")
-	AttrOutcome  = attribute.Key("pgonce.outcome")
+	AttrKey = attribute.Key("pgonce.key")
+	// AttrDownstreamKey, on a provider call's span, is the key the provider
+	// sent downstream when it is not the call's own: httpprovider sets it
+	// when its KeyFunc (Truncate, HexOnly) transforms the key.
+	AttrDownstreamKey = attribute.Key("pgonce.downstream_key")
+	AttrTool          = attribute.Key("pgonce.tool")
+	AttrAttempt       = attribute.Key("pgonce.attempt")
+	AttrDelivery      = attribute.Key("pgonce.delivery")
+	AttrOp            = attribute.Key("pgonce.op")
+	AttrOutcome       = attribute.Key("pgonce.outcome")
 	// AttrNaturalID is the call's natural id, set when it has one: what a
 	// lookup asks the provider about.
 	AttrNaturalID = attribute.Key("pgonce.natural_id")

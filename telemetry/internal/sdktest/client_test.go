@@ -3,6 +3,8 @@ package sdktest_test
 import (
 	"context"
 	"database/sql"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/httpprovider"
 	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/telemetry"
@@ -161,4 +164,58 @@ func submitCounts(t *testing.T, bundle *testBundle) map[[2]string]int64 {
 		}
 	}
 	return counts
+}
+
+// TestDownstreamKeyOnTheProviderCallsSpan runs calls through httpprovider
+// against a keyed test API: the provider call's span names the key sent
+// downstream when httpprovider transformed it, and leaves the attribute off
+// when the call's own key went.
+func TestDownstreamKeyOnTheProviderCallsSpan(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testDownstreamKeyOnTheProviderCallsSpan[pgx.Tx], testDownstreamKeyOnTheProviderCallsSpan[*sql.Tx])
+}
+
+func testDownstreamKeyOnTheProviderCallsSpan[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	for _, tt := range []struct {
+		name    string
+		keyFunc func(outbox.Key) (string, error)
+	}{
+		{name: "Truncated", keyFunc: httpprovider.Truncate(40)},
+		{name: "AsItIs"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			bundle := setup(t)
+			received := make(chan string, 1)
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				received <- r.Header.Get(httpprovider.KeyHeaderDefault)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"id":"re_1"}`))
+			}))
+			t.Cleanup(api.Close)
+			provider, err := httpprovider.New(httpprovider.Config{URL: api.URL, KeyFunc: tt.keyFunc})
+			require.NoError(t, err)
+			registry := outbox.NewRegistry()
+			require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
+			client := driver.Client(t, outbox.Config{Schema: bundle.schema, Registry: registry, Middleware: []outbox.Middleware{bundle.tel}})
+
+			res, err := client.Do(t.Context(), outbox.Call{RunID: "run-1", Step: 1, Tool: "refund", Args: map[string]any{"order": 8842}}, nil)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StateSucceeded, res.State)
+			sent := <-received
+
+			got := attrs(onlySpan(t, bundle, "process refund").Attributes())
+			require.Equal(t, string(res.Key), got[telemetry.AttrKey].AsString())
+			downstream, ok := got[telemetry.AttrDownstreamKey]
+			if tt.keyFunc == nil {
+				require.Equal(t, string(res.Key), sent)
+				require.False(t, ok, "the call's own key went downstream: no %s", telemetry.AttrDownstreamKey)
+				return
+			}
+			require.NotEqual(t, string(res.Key), sent)
+			require.True(t, ok, "no %s", telemetry.AttrDownstreamKey)
+			require.Equal(t, sent, downstream.AsString())
+		})
+	}
 }
