@@ -832,45 +832,15 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 
 	t.Run("NotifyCooldownTrailingClaimFindsSuppressedKeys", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t, driver)
-		// A pool of the dispatcher's own, named after the schema, so that
-		// its claims can be told from other tests' statements.
-		poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
-		require.NoError(t, err)
-		poolConfig.ConnConfig.RuntimeParams["application_name"] = bundle.schema
-		pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		const cooldown = 2 * time.Second
-		client := driver.ClientOver(t, pool, outbox.Config{
-			Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown,
-		})
-		config := fastConfig()
-		config.PollInterval = time.Hour // only notifications and the trailing claim can wake it
-		d, err := dispatcher.New(client, config)
-		require.NoError(t, err)
-		stop := start(t, d)
-		require.Eventually(t, func() bool { return listenerPID(t, client) != 0 }, time.Minute, 5*time.Millisecond)
+		bundle, client, stop := startWithCooldown(t, driver, 2*time.Second)
 
 		var second outbox.Key
 		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
 			// The first submit notifies. Once its call is recorded, the
 			// freed slot makes the dispatcher claim once more, find
-			// nothing, and wait. The test reads through another pool, so
-			// that the dispatcher's connections show its last statements.
+			// nothing, and wait.
 			first := awaitState(t, bundle.client, submit(t, client, "refund", 1), outbox.StateSucceeded)
-			require.Eventually(t, func() bool {
-				var idle bool
-				require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `
-					SELECT EXISTS (
-						SELECT 1 FROM pg_stat_activity
-						WHERE application_name = $1
-							AND query LIKE '-- name: OutboxClaimBatch %'
-							AND state = 'idle'
-							AND query_start > $2
-					)`, bundle.schema, first.CompletedAt).Scan(&idle))
-				return idle
-			}, time.Minute, time.Millisecond, "the dispatcher never claimed after the first call")
+			awaitIdleClaim(t, bundle.schema, first.CompletedAt, first.CompletedAt)
 			// The second, within the cooldown, does not notify: only the
 			// claim one cooldown after the first notification can find it.
 			second = submit(t, client, "refund", 2)
@@ -882,21 +852,8 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 
 	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderACooldown", func(t *testing.T) {
 		t.Parallel()
-		bundle := setup(t, driver)
-		poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
-		require.NoError(t, err)
-		poolConfig.ConnConfig.RuntimeParams["application_name"] = bundle.schema
-		pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
 		const cooldown = 10 * time.Millisecond
-		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown})
-		config := fastConfig()
-		config.PollInterval = time.Hour // only a notification, or the trailing claim after one, can wake it
-		d, err := dispatcher.New(client, config)
-		require.NoError(t, err)
-		stop := start(t, d)
-		require.Eventually(t, func() bool { return listenerPID(t, client) != 0 }, time.Minute, 5*time.Millisecond)
+		bundle, client, stop := startWithCooldown(t, driver, cooldown)
 
 		var lone outbox.Key
 		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
@@ -906,18 +863,7 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 			// after the first notification comes and goes before two
 			// cooldowns past the first call's completion, on the one clock
 			// of this machine. From then on only a notification wakes it.
-			require.Eventually(t, func() bool {
-				var idle bool
-				require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `
-					SELECT now() > $2::timestamptz + $3 * interval '2 millisecond' AND EXISTS (
-						SELECT 1 FROM pg_stat_activity
-						WHERE application_name = $1
-							AND query LIKE '-- name: OutboxClaimBatch %'
-							AND state = 'idle'
-							AND query_start > $2
-					)`, bundle.schema, first.CompletedAt, cooldown.Milliseconds()).Scan(&idle))
-				return idle
-			}, time.Minute, time.Millisecond, "the dispatcher never claimed after the first call")
+			awaitIdleClaim(t, bundle.schema, first.CompletedAt, first.CompletedAt.Add(2*cooldown))
 			lone = submit(t, client, "refund", 2)
 		})
 		require.Equal(t, 2, notified, "a submit after a quiet cooldown must notify")
@@ -925,6 +871,52 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		t.Logf("the lone call was recorded %s after its submit", res.CompletedAt.Sub(res.CreatedAt))
 		stop()
 	})
+}
+
+// startWithCooldown starts a dispatcher whose client submits under
+// cooldown, over a pool of its own named after the bundle's schema, so that
+// its claims can be told from other tests' statements (awaitIdleClaim). It
+// polls once an hour: only notifications, and the trailing claim after
+// one, wake it. It returns once the dispatcher listens.
+func startWithCooldown[TTx any](t *testing.T, driver drivertest.Driver[TTx], cooldown time.Duration) (*testBundle[TTx], *outbox.Client[TTx], func()) {
+	t.Helper()
+	bundle := setup(t, driver)
+	poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+	require.NoError(t, err)
+	poolConfig.ConnConfig.RuntimeParams["application_name"] = bundle.schema
+	pool, err := pgxpool.NewWithConfig(t.Context(), poolConfig)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	client := driver.ClientOver(t, pool, outbox.Config{
+		Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown,
+	})
+	config := fastConfig()
+	config.PollInterval = time.Hour
+	d, err := dispatcher.New(client, config)
+	require.NoError(t, err)
+	stop := start(t, d)
+	require.Eventually(t, func() bool { return listenerPID(t, client) != 0 }, time.Minute, 5*time.Millisecond)
+	return bundle, client, stop
+}
+
+// awaitIdleClaim waits until the dispatcher of startWithCooldown over
+// schema has finished a claim begun after since, and the database's clock
+// has passed notBefore. It reads through another pool, so that the
+// dispatcher's connections show their last statements.
+func awaitIdleClaim(t *testing.T, schema string, since, notBefore time.Time) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var idle bool
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `
+			SELECT now() > $3 AND EXISTS (
+				SELECT 1 FROM pg_stat_activity
+				WHERE application_name = $1
+					AND query LIKE '-- name: OutboxClaimBatch %'
+					AND state = 'idle'
+					AND query_start > $2
+			)`, schema, since, notBefore).Scan(&idle))
+		return idle
+	}, time.Minute, time.Millisecond, "the dispatcher never claimed after %s", since)
 }
 
 // listenerPID returns the backend pid of the connection that listens on
