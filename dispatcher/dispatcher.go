@@ -238,22 +238,8 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	return nil
 }
 
-// served returns the tools this dispatcher claims: those of its registry
-// but the [outbox.ToolOpts.InlineOnly] ones, whose keys only their
-// callers' [outbox.Client.Do] runs.
-func served(registry *outbox.Registry) []string {
-	names := registry.Names()
-	tools := names[:0]
-	for _, name := range names {
-		if tool := registry.Lookup(name); tool != nil && !tool.Opts.InlineOnly {
-			tools = append(tools, name)
-		}
-	}
-	return tools
-}
-
 func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attempt, error) {
-	tools := served(d.registry)
+	tools := d.registry.Dispatched()
 	if len(tools) == 0 {
 		return nil, nil
 	}

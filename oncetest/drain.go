@@ -84,7 +84,7 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 	config := client.Config()
 	runner := attempt.Of(client)
 	worker := ident.WorkerID(config.WorkerID)
-	tools := served(config.Registry)
+	tools := config.Registry.Dispatched()
 
 	var result DrainResult
 	for {
@@ -224,17 +224,4 @@ func nowParam(config outbox.Config) *time.Time {
 	}
 	now := config.NowFunc()
 	return &now
-}
-
-// served returns the tools a dispatcher of registry claims: all but the
-// [outbox.ToolOpts.InlineOnly] ones.
-func served(registry *outbox.Registry) []string {
-	names := registry.Names()
-	tools := names[:0]
-	for _, name := range names {
-		if tool := registry.Lookup(name); tool != nil && !tool.Opts.InlineOnly {
-			tools = append(tools, name)
-		}
-	}
-	return tools
 }

@@ -215,6 +215,24 @@ func (r *Registry) Names() []string {
 	return names
 }
 
+// Dispatched returns the names of the registered tools that dispatchers
+// claim: all but the [ToolOpts.InlineOnly] ones, whose keys only their
+// callers' [Client.Do] runs. In no particular order.
+func (r *Registry) Dispatched() []string {
+	if r == nil {
+		return nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.tools))
+	for name, tool := range r.tools {
+		if !tool.Opts.InlineOnly {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
 // PermanentError marks a provider failure that must not be retried. It is
 // stored as the key's failure and replayed to every duplicate. [Permanent]
 // and [PermanentBody] make one; a PermanentError built directly stores its
