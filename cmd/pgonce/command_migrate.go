@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/outbox"
 )
 
 func migrateCommand() *command {
@@ -70,6 +71,9 @@ sql     prints pgonce's goose files with --schema filled in, for a goose
 }
 
 func (e *env) migrateUp(ctx context.Context) error {
+	if err := e.refuseTransactionPooling(); err != nil {
+		return err
+	}
 	c, err := e.connect(ctx)
 	if err != nil {
 		return err
@@ -87,6 +91,9 @@ func (e *env) migrateUp(ctx context.Context) error {
 }
 
 func (e *env) migrateDown(ctx context.Context) error {
+	if err := e.refuseTransactionPooling(); err != nil {
+		return err
+	}
 	c, err := e.connect(ctx)
 	if err != nil {
 		return err
@@ -96,6 +103,21 @@ func (e *env) migrateDown(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "schema %s: every migration rolled back; pgonce's tables are gone\n", c.schema)
+	return nil
+}
+
+// refuseTransactionPooling refuses to migrate through a transaction
+// pooler: goose holds a session-level advisory lock across the migration's
+// transactions, which such a pooler would hand to other clients' sessions.
+func (e *env) refuseTransactionPooling() error {
+	pooling, err := e.resolvePooling()
+	if err != nil {
+		return err
+	}
+	if pooling == outbox.PoolingTransaction {
+		return usageErrorf("migrate needs a direct connection, not a transaction pooler: " +
+			"it holds a session lock across transactions; give it the server's own URL without --pooling transaction")
+	}
 	return nil
 }
 

@@ -37,6 +37,9 @@ type env struct {
 	stdout, stderr io.Writer
 	databaseURL    string
 	schema         string
+	// pooling is --pooling: "session" or "transaction", or empty for
+	// $PGONCE_POOLING, else session.
+	pooling string
 }
 
 // globalFlags defines the connection flags on fs. Defined on the global
@@ -53,6 +56,8 @@ func (e *env) commandGlobalFlags(fs *flag.FlagSet, database, schema bool) {
 	if database {
 		fs.StringVar(&e.databaseURL, "database-url", e.databaseURL,
 			"PostgreSQL URL; else $PGONCE_DATABASE_URL, else $DATABASE_URL, else "+databaseURLDefault)
+		fs.StringVar(&e.pooling, "pooling", e.pooling,
+			"how the URL's server pools connections: session, or transaction (PgBouncer in transaction mode); else $PGONCE_POOLING, else session")
 	}
 	if schema {
 		fs.StringVar(&e.schema, "schema", e.schema, "schema that holds pgonce's tables")
@@ -73,11 +78,28 @@ func (e *env) resolveURL() (databaseURL, source string) {
 	return databaseURLDefault, "the default"
 }
 
+// resolvePooling returns the pooling mode of the server at the URL, from
+// --pooling, else $PGONCE_POOLING, else session.
+func (e *env) resolvePooling() (outbox.Pooling, error) {
+	value, source := e.pooling, "--pooling"
+	if value == "" {
+		value, source = os.Getenv("PGONCE_POOLING"), "$PGONCE_POOLING"
+	}
+	switch value {
+	case "", "session":
+		return outbox.PoolingSession, nil
+	case "transaction":
+		return outbox.PoolingTransaction, nil
+	}
+	return 0, usageErrorf("%s: %q is not a pooling mode: want session or transaction", source, value)
+}
+
 // conn is an open connection to the database, with pgonce's schema checked.
 type conn struct {
-	pool   *pgxpool.Pool
-	db     *sql.DB // over pool, for the migrations
-	schema string
+	pool    *pgxpool.Pool
+	db      *sql.DB // over pool, for the migrations
+	schema  string
+	pooling outbox.Pooling
 }
 
 func (c *conn) close() {
@@ -88,6 +110,7 @@ func (c *conn) close() {
 // client returns an outbox client over the connection.
 func (c *conn) client(config outbox.Config) (*outbox.Client[pgx.Tx], error) {
 	config.Schema = c.schema
+	config.Pooling = c.pooling
 	return outbox.NewPgx(c.pool, config)
 }
 
@@ -113,10 +136,21 @@ func (e *env) connect(ctx context.Context) (*conn, error) {
 	if err := validateSchema(e.schema); err != nil {
 		return nil, err
 	}
+	pooling, err := e.resolvePooling()
+	if err != nil {
+		return nil, err
+	}
 	databaseURL, source := e.resolveURL()
 	config, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, usageErrorf("invalid database URL from %s: %v", source, err)
+	}
+	if pooling == outbox.PoolingTransaction && config.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		// A transaction pooler hands each transaction another server
+		// connection: statements prepared on one are unknown on the next.
+		// The URL may choose another mode that prepares nothing
+		// (default_query_exec_mode=simple_protocol); the default one does.
+		config.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	config.MaxConns = 8
 	if config.ConnConfig.ConnectTimeout == 0 {
@@ -132,7 +166,7 @@ func (e *env) connect(ctx context.Context) (*conn, error) {
 		pool.Close()
 		return nil, &unreachableError{url: redact(databaseURL), source: source, err: err}
 	}
-	return &conn{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: e.schema}, nil
+	return &conn{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: e.schema, pooling: pooling}, nil
 }
 
 // connectMigrated is connect, then a read-only check that the schema is
