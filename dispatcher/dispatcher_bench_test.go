@@ -294,17 +294,32 @@ func BenchmarkDrain(b *testing.B) {
 
 // BenchmarkEndToEnd times the whole path under load: endToEndCallers
 // goroutines submit endToEndRows calls, each in a pgx transaction of its
-// own, while one dispatcher runs them; an iteration ends when every outcome
-// is recorded. It reports calls/s with a notification per submit and with a
-// 10 ms NotifyCooldown, and how long calls waited from their submit to
-// their claim (median, 99th percentile and worst, by the database's clock).
-func BenchmarkEndToEnd(b *testing.B) {
+// own and as fast as they can, while one dispatcher runs them; an iteration
+// ends when every outcome is recorded. It reports calls/s with a
+// notification per submit (NotifyCooldown negative) and with the default
+// 10 ms NotifyCooldown, and how long
+// calls waited from their submit to their claim (median, 99th percentile
+// and worst, by the database's clock).
+func BenchmarkEndToEnd(b *testing.B) { benchEndToEnd(b, 0) }
+
+// BenchmarkEndToEndPaced is BenchmarkEndToEnd with the callers' submits
+// paced to PGONCE_BENCH_E2E_RATE calls per second in all (default 2,000),
+// below what either variant can take: it compares the waits from submit to
+// claim at the same load, where BenchmarkEndToEnd gives the variant that
+// moves more calls more work.
+func BenchmarkEndToEndPaced(b *testing.B) {
+	benchEndToEnd(b, benchEnvInt("PGONCE_BENCH_E2E_RATE", 2000))
+}
+
+// benchEndToEnd runs the end-to-end benchmarks; rate, when positive, paces
+// the submits to that many per second in all.
+func benchEndToEnd(b *testing.B, rate int) {
 	for _, tt := range []struct {
 		name     string
 		cooldown time.Duration
 	}{
-		{name: "Notify"},
-		{name: "NotifyCooldown=10ms", cooldown: 10 * time.Millisecond},
+		{name: "EverySubmitNotifies", cooldown: -1},
+		{name: "NotifyCooldown=10ms"},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
 			schema := pgoncetest.Schema(b)
@@ -335,6 +350,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 				for range endToEndCallers {
 					callers.Go(func() {
 						for n := next.Add(1); n <= endToEndRows; n = next.Add(1) {
+							if rate > 0 {
+								// Call n is due n/rate seconds after the start.
+								time.Sleep(time.Until(began.Add(time.Duration(n) * time.Second / time.Duration(rate))))
+							}
 							tx, err := pool.Begin(ctx)
 							if err != nil {
 								b.Error(err)

@@ -850,10 +850,11 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		stop()
 	})
 
-	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderACooldown", func(t *testing.T) {
+	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderTheDefaultCooldown", func(t *testing.T) {
 		t.Parallel()
-		const cooldown = 10 * time.Millisecond
-		bundle, client, stop := startWithCooldown(t, driver, cooldown)
+		bundle, client, stop := startWithCooldown(t, driver, 0)
+		cooldown := client.Config().NotifyCooldown
+		require.Equal(t, outbox.NotifyCooldownDefault, cooldown)
 
 		var lone outbox.Key
 		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
@@ -874,7 +875,7 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 }
 
 // startWithCooldown starts a dispatcher whose client submits under
-// cooldown, over a pool of its own named after the bundle's schema, so that
+// cooldown (0: the default), over a pool of its own named after the bundle's schema, so that
 // its claims can be told from other tests' statements (awaitIdleClaim). It
 // polls once an hour: only notifications, and the trailing claim after
 // one, wake it. It returns once the dispatcher listens.

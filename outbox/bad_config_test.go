@@ -35,7 +35,6 @@ func TestBadConfig(t *testing.T) {
 			{"LeaseShorterThanCall", outbox.Config{CallTimeout: time.Minute, Lease: time.Minute}, outbox.ErrInvalidConfig},
 			{"RetentionNegative", outbox.Config{Retention: -time.Hour}, outbox.ErrInvalidConfig},
 			{"TombstoneRetentionNegative", outbox.Config{TombstoneRetention: -time.Hour}, outbox.ErrInvalidConfig},
-			{"NotifyCooldownNegative", outbox.Config{NotifyCooldown: -time.Second}, outbox.ErrInvalidConfig},
 			{"WorkerIDMegabyte", outbox.Config{WorkerID: megabyte}, outbox.ErrInvalidConfig},
 			{"WorkerIDNUL", outbox.Config{WorkerID: "host\x00:1"}, outbox.ErrInvalidConfig},
 			{"WorkerIDInvalidUTF8", outbox.Config{WorkerID: "host\xff:1"}, outbox.ErrInvalidConfig},

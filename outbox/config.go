@@ -62,6 +62,9 @@ const (
 	// StatementTimeoutDefault is the default deadline of each statement
 	// pgonce runs on its own.
 	StatementTimeoutDefault = 5 * time.Second
+	// NotifyCooldownDefault is how often a client's submits notify at most
+	// (see [Config.NotifyCooldown]).
+	NotifyCooldownDefault = 10 * time.Millisecond
 )
 
 // Config configures a [Client]. Its zero value works: every field has a
@@ -117,18 +120,23 @@ type Config struct {
 	// so. Defaults to false.
 	NotifyDisabled bool
 
-	// NotifyCooldown, when positive, lets this client's submits notify at
-	// most once per cooldown: a submit within the cooldown of the last one
-	// that notified does not notify. PostgreSQL serialises the commits of
-	// notifying transactions under one database-wide lock, which halves
-	// throughput under many concurrent submitters (README, "Performance").
-	// A dispatcher whose client has the same cooldown claims again one
-	// cooldown after the last notification it received, which finds the
-	// keys whose notification was left out. The price: such a key whose
-	// transaction commits later than that, or after the notifying one
-	// rolled back, waits for the dispatcher's PollInterval. Set the same
-	// cooldown on submitting and dispatching clients. Defaults to 0: every
-	// submit notifies.
+	// NotifyCooldown lets this client's submits notify at most once per
+	// cooldown: a submit within the cooldown of the last one that notified
+	// does not notify. PostgreSQL serialises the commits of notifying
+	// transactions under one database-wide lock, held through the commit's
+	// WAL flush, which more than halves throughput under many concurrent
+	// submitters (README, "Performance"). A dispatcher whose client has a
+	// cooldown claims again one cooldown after the last notification it
+	// received, which finds the keys whose notification was left out; a
+	// submit after a quiet cooldown notifies at once, so a call submitted
+	// alone is claimed within milliseconds of its commit. The price: a key
+	// left unannounced whose transaction commits later than that trailing
+	// claim (a transaction that runs on for longer than the cooldown after
+	// its submit, or one whose announcing neighbour rolled back) waits for
+	// the next notification or the dispatcher's PollInterval. Use the same
+	// cooldown on submitting and dispatching clients. Defaults to
+	// [NotifyCooldownDefault], 10ms; a negative value means no cooldown:
+	// every submit notifies.
 	NotifyCooldown time.Duration
 
 	// WorkerID names this process in leases, for operators: at most 200
@@ -186,6 +194,7 @@ func (c Config) withDefaults() Config {
 	c.Retention = cmp.Or(c.Retention, RetentionDefault)
 	c.TombstoneRetention = cmp.Or(c.TombstoneRetention, TombstoneRetentionDefault)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, StatementTimeoutDefault)
+	c.NotifyCooldown = cmp.Or(c.NotifyCooldown, NotifyCooldownDefault)
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
 		c.WorkerID = fmt.Sprintf("%s:%d", cmp.Or(host, "localhost"), os.Getpid())
@@ -214,8 +223,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: StatementTimeout must be at least 1ms", ErrInvalidConfig)
 	case c.Pooling != PoolingSession && c.Pooling != PoolingTransaction:
 		return fmt.Errorf("%w: Pooling must be PoolingSession or PoolingTransaction, got %d", ErrInvalidConfig, int(c.Pooling))
-	case c.NotifyCooldown < 0:
-		return fmt.Errorf("%w: NotifyCooldown must not be negative", ErrInvalidConfig)
 	case c.TombstoneRetention < c.Retention:
 		return fmt.Errorf("%w: TombstoneRetention (%s) must be at least Retention (%s)", ErrInvalidConfig, c.TombstoneRetention, c.Retention)
 	case len(c.WorkerID) > 200:
