@@ -30,8 +30,13 @@ const (
 	fillCallers          = 4
 )
 
+// pgonceTunedConfig is the tuned dispatcher's config: the tuned constants,
+// or PGONCE_COMPARE_TUNED_CONCURRENCY and PGONCE_COMPARE_TUNED_BATCH where
+// set, to explore others.
 func pgonceTunedConfig() dispatcher.Config {
-	return dispatcher.Config{Concurrency: tunedConcurrency, BatchSize: tunedBatchSize}
+	concurrency, _ := envInt("PGONCE_COMPARE_TUNED_CONCURRENCY", tunedConcurrency)
+	batch, _ := envInt("PGONCE_COMPARE_TUNED_BATCH", tunedBatchSize)
+	return dispatcher.Config{Concurrency: concurrency, BatchSize: batch}
 }
 
 func riverTunedConfig() *river.Config {
@@ -70,7 +75,7 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 		}},
 	}
 	var results []result
-	for _, v := range order(variants, forward) {
+	for _, v := range order(measured(env.s, variants, func(v variant) string { return v.name }), forward) {
 		elapsed, err := v.run(ctx, fmt.Sprintf("drain/%d/%s", round, v.name))
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", v.name, err)

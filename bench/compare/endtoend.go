@@ -29,7 +29,7 @@ func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool
 		{endToEndRiver, env.endToEndRiver},
 	}
 	var results []result
-	for _, v := range order(variants, forward) {
+	for _, v := range order(measured(env.s, variants, func(v variant) string { return v.name }), forward) {
 		if err := env.warm(ctx, env.s.e2eCallers); err != nil {
 			return results, err
 		}

@@ -95,7 +95,7 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 
 	var results []result
 	for _, clients := range order(env.s.enqueueClients, forward) {
-		for _, v := range order(variants, forward) {
+		for _, v := range order(measured(env.s, variants, func(v variant) string { return v.name }), forward) {
 			if err := env.truncate(ctx, env.businessTable(), env.pgonceTable(), env.riverTable()); err != nil {
 				return results, err
 			}

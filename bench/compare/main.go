@@ -68,7 +68,9 @@ func run(ctx context.Context, s settings) error {
 			case phaseEndToEnd:
 				phaseResults, err = env.runEndToEnd(ctx, round, forward)
 			case phaseFloor:
-				phaseResults, err = env.runFloor(ctx, round)
+				if s.measures(floorPgbench) {
+					phaseResults, err = env.runFloor(ctx, round)
+				}
 			}
 			for _, r := range phaseResults {
 				log.Printf("  %s", r)
@@ -92,6 +94,11 @@ func run(ctx context.Context, s settings) error {
 	}
 	fmt.Printf("\nwrote %s\n", s.csvPath)
 	return nil
+}
+
+// measured returns the variants the settings measure, named by name.
+func measured[T any](s settings, variants []T, name func(T) string) []T {
+	return slices.DeleteFunc(slices.Clone(variants), func(v T) bool { return !s.measures(name(v)) })
 }
 
 // order returns variants as given in a forward round and reversed in the

@@ -33,6 +33,13 @@ const (
 	ratioPhase         = "ratio"
 )
 
+// allVariants are the names PGONCE_COMPARE_VARIANTS may give.
+var allVariants = []string{
+	drainPgonceTuned, drainPgonceDefault, drainRiverTuned, drainRiverDefault,
+	enqueueBarePgx, enqueueBareSQL, enqueuePgoncePgx, enqueuePgonceSQL, enqueueRiver, enqueueRiverUnique,
+	endToEndPgonce, endToEndRiver, floorPgbench,
+}
+
 // result is one measurement.
 type result struct {
 	round   int

@@ -29,6 +29,9 @@ type settings struct {
 	quick       bool
 	rounds      int
 	phases      []string
+	// variants, when not empty, are the only variants measured (by name,
+	// as the output prints them); the others are left out of every phase.
+	variants []string
 
 	// drainCalls is how many due calls (and jobs) each drain runs.
 	drainCalls int
@@ -62,6 +65,7 @@ type settings struct {
 //	PGONCE_COMPARE_QUICK=1       the smoke profile: every size below much smaller
 //	PGONCE_COMPARE_ROUNDS        rounds (default 5; quick 2)
 //	PGONCE_COMPARE_PHASES        phases to run, comma-separated (default drain,enqueue,e2e,floor)
+//	PGONCE_COMPARE_VARIANTS      variants to run, by name, comma-separated (default every one)
 //	PGONCE_COMPARE_DRAIN         calls per drain (default 40000; quick 2000)
 //	PGONCE_COMPARE_ENQUEUE       transactions per enqueue block (default 3000; quick 150)
 //	PGONCE_COMPARE_CLIENTS       enqueue clients, comma-separated (default 1,8,16)
@@ -118,6 +122,17 @@ func loadSettings() (settings, error) {
 				continue
 			}
 			s.phases = append(s.phases, phase)
+		}
+	}
+
+	if v := os.Getenv("PGONCE_COMPARE_VARIANTS"); v != "" {
+		for _, name := range strings.Split(v, ",") {
+			name = strings.TrimSpace(name)
+			if !slices.Contains(allVariants, name) {
+				errs = append(errs, fmt.Errorf("PGONCE_COMPARE_VARIANTS: unknown variant %q (know %s)", name, strings.Join(allVariants, ", ")))
+				continue
+			}
+			s.variants = append(s.variants, name)
 		}
 	}
 
@@ -188,4 +203,9 @@ func envInts(name string, fallback []int) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// measures reports whether the run measures the variant called name.
+func (s settings) measures(name string) bool {
+	return len(s.variants) == 0 || slices.Contains(s.variants, name)
 }
