@@ -1,7 +1,6 @@
 package migrations_test
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -59,7 +58,7 @@ func TestKeyInvariantsRefuseBrokenRows(t *testing.T) {
 		t.Run(tc.set, func(t *testing.T) {
 			_, err := pool.Exec(ctx, `UPDATE `+table+` SET `+tc.set)
 			var pgErr *pgconn.PgError
-			require.True(t, errors.As(err, &pgErr), "want a check violation, got %v", err)
+			require.ErrorAs(t, err, &pgErr, "want a check violation")
 			require.Equal(t, "23514", pgErr.Code, "check_violation: %v", err)
 			require.Equal(t, tc.invariant, pgErr.ConstraintName, "%v", err)
 			require.Contains(t, pgErr.Message, tc.invariant)
@@ -71,7 +70,7 @@ func TestKeyInvariantsRefuseBrokenRows(t *testing.T) {
 		_, err := pool.Exec(ctx, `INSERT INTO `+table+` (key, scope, run_id, step, tool, args, response)
 			VALUES (sha256('other'), sha256('other scope'), 'run', 2, 'refund', '{}', '{}')`)
 		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr), "want a check violation, got %v", err)
+		require.ErrorAs(t, err, &pgErr, "want a check violation")
 		require.Equal(t, "pgonce_key_response_check", pgErr.ConstraintName)
 		var rows int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&rows))
