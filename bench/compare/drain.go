@@ -58,29 +58,29 @@ func riverDefaultConfig() *river.Config {
 func (env *environment) runDrain(ctx context.Context, round int, forward bool) ([]result, error) {
 	type variant struct {
 		name string
-		run  func(context.Context, string) (time.Duration, error)
+		run  func(context.Context, string) (span, error)
 	}
 	variants := []variant{
-		{drainPgonceTuned, func(ctx context.Context, id string) (time.Duration, error) {
+		{drainPgonceTuned, func(ctx context.Context, id string) (span, error) {
 			return env.drainPgonce(ctx, id, pgonceTunedConfig())
 		}},
-		{drainPgonceDefault, func(ctx context.Context, id string) (time.Duration, error) {
+		{drainPgonceDefault, func(ctx context.Context, id string) (span, error) {
 			return env.drainPgonce(ctx, id, dispatcher.Config{})
 		}},
-		{drainRiverTuned, func(ctx context.Context, id string) (time.Duration, error) {
+		{drainRiverTuned, func(ctx context.Context, id string) (span, error) {
 			return env.drainRiver(ctx, id, riverTunedConfig())
 		}},
-		{drainRiverDefault, func(ctx context.Context, id string) (time.Duration, error) {
+		{drainRiverDefault, func(ctx context.Context, id string) (span, error) {
 			return env.drainRiver(ctx, id, riverDefaultConfig())
 		}},
 	}
 	var results []result
 	for _, v := range order(measured(env.s, variants, func(v variant) string { return v.name }), forward) {
-		elapsed, err := v.run(ctx, fmt.Sprintf("drain/%d/%s", round, v.name))
+		measured, err := v.run(ctx, fmt.Sprintf("drain/%d/%s", round, v.name))
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", v.name, err)
 		}
-		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: elapsed})
+		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs})
 	}
 	return results, nil
 }
@@ -88,38 +88,40 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 // drainPgonce submits drainCalls calls through SubmitTx, outside the
 // timer, then times one dispatcher with config from Run until every
 // outcome is recorded.
-func (env *environment) drainPgonce(ctx context.Context, runID string, config dispatcher.Config) (time.Duration, error) {
+func (env *environment) drainPgonce(ctx context.Context, runID string, config dispatcher.Config) (span, error) {
 	table := env.pgonceTable()
 	if err := env.truncate(ctx, table); err != nil {
-		return 0, err
+		return span{}, err
 	}
 	if err := env.fillPgonce(ctx, runID, env.s.drainCalls); err != nil {
-		return 0, err
+		return span{}, err
 	}
 	if err := env.analyze(ctx, table); err != nil {
-		return 0, err
+		return span{}, err
 	}
 	reached := env.pgonceCounter.expect(env.s.drainCalls, nil)
 	d, err := dispatcher.New(env.pgoncePgx, config)
 	if err != nil {
-		return 0, fmt.Errorf("dispatcher: %w", err)
+		return span{}, fmt.Errorf("dispatcher: %w", err)
+	}
+	timing, err := env.startTiming(ctx)
+	if err != nil {
+		return span{}, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-
-	began := time.Now()
 	go func() { done <- d.Run(runCtx) }()
 	err = env.await(ctx, reached, "the provider calls")
 	if err == nil {
 		err = env.awaitPgonceEmpty(ctx)
 	}
-	elapsed := time.Since(began)
+	measured := env.stopTiming(ctx, timing)
 
 	stop()
 	if runErr := <-done; runErr != nil && !errors.Is(runErr, context.Canceled) {
 		err = errors.Join(err, fmt.Errorf("dispatcher: %w", runErr))
 	}
-	return elapsed, err
+	return measured, err
 }
 
 // fillPgonce submits n calls of runID through the pgx client's SubmitTx,
@@ -200,42 +202,45 @@ func (env *environment) newRiverClient(config *river.Config, counter *counter) (
 // drainRiver inserts drainCalls jobs with InsertManyFast, outside the
 // timer, then times one client with config from Start until every job is
 // completed.
-func (env *environment) drainRiver(ctx context.Context, runID string, config *river.Config) (time.Duration, error) {
+func (env *environment) drainRiver(ctx context.Context, runID string, config *river.Config) (span, error) {
 	table := env.riverTable()
 	if err := env.truncate(ctx, table); err != nil {
-		return 0, err
+		return span{}, err
 	}
 	counter := newCounter()
 	client, err := env.newRiverClient(config, counter)
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
 	params := make([]river.InsertManyParams, env.s.drainCalls)
 	for n := range params {
 		params[n] = river.InsertManyParams{Args: compareArgs{Round: runID, N: int64(n)}}
 	}
 	if _, err := client.InsertManyFast(ctx, params); err != nil {
-		return 0, fmt.Errorf("fill: %w", err)
+		return span{}, fmt.Errorf("fill: %w", err)
 	}
 	if err := env.analyze(ctx, table); err != nil {
-		return 0, err
+		return span{}, err
 	}
 	reached := counter.expect(env.s.drainCalls, nil)
 
-	began := time.Now()
+	timing, err := env.startTiming(ctx)
+	if err != nil {
+		return span{}, err
+	}
 	if err := client.Start(ctx); err != nil {
-		return 0, fmt.Errorf("start: %w", err)
+		return span{}, fmt.Errorf("start: %w", err)
 	}
 	err = env.await(ctx, reached, "the worker's jobs")
 	if err == nil {
 		err = env.awaitRiverEmpty(ctx)
 	}
-	elapsed := time.Since(began)
+	measured := env.stopTiming(ctx, timing)
 
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if stopErr := client.Stop(stopCtx); stopErr != nil {
 		err = errors.Join(err, fmt.Errorf("stop: %w", stopErr))
 	}
-	return elapsed, err
+	return measured, err
 }

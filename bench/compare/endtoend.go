@@ -22,7 +22,7 @@ import (
 func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool) ([]result, error) {
 	type variant struct {
 		name string
-		run  func(context.Context, string) (time.Duration, *latencyLog, error)
+		run  func(context.Context, string) (span, *latencyLog, error)
 	}
 	variants := []variant{
 		{endToEndPgonce, env.endToEndPgonce},
@@ -33,7 +33,7 @@ func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool
 		if err := env.warm(ctx, env.s.e2eCallers); err != nil {
 			return results, err
 		}
-		elapsed, log, err := v.run(ctx, fmt.Sprintf("e2e/%d/%s", round, v.name))
+		measured, log, err := v.run(ctx, fmt.Sprintf("e2e/%d/%s", round, v.name))
 		env.releaseIdle()
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", v.name, err)
@@ -43,7 +43,7 @@ func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool
 			return results, fmt.Errorf("%s: %w", v.name, err)
 		}
 		results = append(results, result{
-			round: round, phase: phaseEndToEnd, variant: v.name, clients: 0, count: env.s.e2eCalls, elapsed: elapsed,
+			round: round, phase: phaseEndToEnd, variant: v.name, clients: 0, count: env.s.e2eCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs,
 			p50: quantile(latencies, 0.50), p99: quantile(latencies, 0.99), hasLatency: true,
 		})
 	}
@@ -63,13 +63,13 @@ func (env *environment) businessInsert() string {
 
 func businessAccount(n int64) string { return fmt.Sprintf("account-%d", n) }
 
-func (env *environment) endToEndPgonce(ctx context.Context, runID string) (time.Duration, *latencyLog, error) {
+func (env *environment) endToEndPgonce(ctx context.Context, runID string) (span, *latencyLog, error) {
 	if err := env.truncate(ctx, env.businessTable(), env.pgonceTable()); err != nil {
-		return 0, nil, err
+		return span{}, nil, err
 	}
 	d, err := dispatcher.New(env.pgoncePgx, pgonceTunedConfig())
 	if err != nil {
-		return 0, nil, fmt.Errorf("dispatcher: %w", err)
+		return span{}, nil, fmt.Errorf("dispatcher: %w", err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -89,18 +89,21 @@ func (env *environment) endToEndPgonce(ctx context.Context, runID string) (time.
 		_, err := env.pgoncePgx.SubmitTx(ctx, tx, pgonceCall(runID+"/warm", 0))
 		return err
 	}); err != nil {
-		return 0, nil, stopped(fmt.Errorf("warm-up: %w", err))
+		return span{}, nil, stopped(fmt.Errorf("warm-up: %w", err))
 	}
 	if err := env.await(ctx, reached, "the warm-up call"); err != nil {
-		return 0, nil, stopped(err)
+		return span{}, nil, stopped(err)
 	}
 	if err := env.awaitPgonceEmpty(ctx); err != nil {
-		return 0, nil, stopped(err)
+		return span{}, nil, stopped(err)
 	}
 
 	log := newLatencyLog(env.s.e2eCalls)
 	reached = env.pgonceCounter.expect(env.s.e2eCalls, log)
-	began := time.Now()
+	timing, err := env.startTiming(ctx)
+	if err != nil {
+		return span{}, nil, stopped(err)
+	}
 	_, err = env.commitBlock(ctx, env.s.e2eCallers, env.s.e2eCalls, func(ctx context.Context, n int64) error {
 		return pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
 			if err := env.businessRow(ctx, tx, n); err != nil {
@@ -116,22 +119,22 @@ func (env *environment) endToEndPgonce(ctx context.Context, runID string) (time.
 	if err == nil {
 		err = env.awaitPgonceEmpty(ctx)
 	}
-	elapsed := time.Since(began)
+	measured := env.stopTiming(ctx, timing)
 	env.pgonceCounter.expect(0, nil)
-	return elapsed, log, stopped(err)
+	return measured, log, stopped(err)
 }
 
-func (env *environment) endToEndRiver(ctx context.Context, runID string) (time.Duration, *latencyLog, error) {
+func (env *environment) endToEndRiver(ctx context.Context, runID string) (span, *latencyLog, error) {
 	if err := env.truncate(ctx, env.businessTable(), env.riverTable()); err != nil {
-		return 0, nil, err
+		return span{}, nil, err
 	}
 	counter := newCounter()
 	client, err := env.newRiverClient(riverTunedConfig(), counter)
 	if err != nil {
-		return 0, nil, err
+		return span{}, nil, err
 	}
 	if err := client.Start(ctx); err != nil {
-		return 0, nil, fmt.Errorf("start: %w", err)
+		return span{}, nil, fmt.Errorf("start: %w", err)
 	}
 	stopped := func(err error) error {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -149,18 +152,21 @@ func (env *environment) endToEndRiver(ctx context.Context, runID string) (time.D
 		_, err := client.InsertTx(ctx, tx, compareArgs{Round: runID + "/warm"}, unique)
 		return err
 	}); err != nil {
-		return 0, nil, stopped(fmt.Errorf("warm-up: %w", err))
+		return span{}, nil, stopped(fmt.Errorf("warm-up: %w", err))
 	}
 	if err := env.await(ctx, reached, "the warm-up job"); err != nil {
-		return 0, nil, stopped(err)
+		return span{}, nil, stopped(err)
 	}
 	if err := env.awaitRiverEmpty(ctx); err != nil {
-		return 0, nil, stopped(err)
+		return span{}, nil, stopped(err)
 	}
 
 	log := newLatencyLog(env.s.e2eCalls)
 	reached = counter.expect(env.s.e2eCalls, log)
-	began := time.Now()
+	timing, err := env.startTiming(ctx)
+	if err != nil {
+		return span{}, nil, stopped(err)
+	}
 	_, err = env.commitBlock(ctx, env.s.e2eCallers, env.s.e2eCalls, func(ctx context.Context, n int64) error {
 		return pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
 			if err := env.businessRow(ctx, tx, n); err != nil {
@@ -176,6 +182,6 @@ func (env *environment) endToEndRiver(ctx context.Context, runID string) (time.D
 	if err == nil {
 		err = env.awaitRiverEmpty(ctx)
 	}
-	elapsed := time.Since(began)
-	return elapsed, log, stopped(err)
+	measured := env.stopTiming(ctx, timing)
+	return measured, log, stopped(err)
 }

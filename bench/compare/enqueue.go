@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -103,13 +102,13 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 				return results, err
 			}
 			runID := fmt.Sprintf("enqueue/%d/%d/%s", round, clients, v.name)
-			elapsed, err := env.commitBlock(ctx, clients, env.s.enqueueTx, v.tx(runID), nil)
+			measured, err := env.commitBlock(ctx, clients, env.s.enqueueTx, v.tx(runID), nil)
 			env.releaseIdle()
 			if err != nil {
 				return results, fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
 			}
 			results = append(results, result{
-				round: round, phase: phaseEnqueue, variant: v.name, clients: clients, count: env.s.enqueueTx, elapsed: elapsed,
+				round: round, phase: phaseEnqueue, variant: v.name, clients: clients, count: env.s.enqueueTx, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs,
 			})
 		}
 	}
@@ -117,9 +116,10 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 }
 
 // commitBlock runs count transactions of tx from clients goroutines, each
-// taking the next number, and returns how long they took. log, when not
+// taking the next number, and returns how long they took and the WAL they
+// wrote. log, when not
 // nil, records when each transaction's commit returned.
-func (env *environment) commitBlock(ctx context.Context, clients, count int, tx txFunc, log *latencyLog) (time.Duration, error) {
+func (env *environment) commitBlock(ctx context.Context, clients, count int, tx txFunc, log *latencyLog) (span, error) {
 	ctx, cancel := context.WithTimeout(ctx, env.s.timeout)
 	defer cancel()
 	var (
@@ -128,7 +128,10 @@ func (env *environment) commitBlock(ctx context.Context, clients, count int, tx 
 		mu   sync.Mutex
 		errs []error
 	)
-	began := time.Now()
+	timing, err := env.startTiming(ctx)
+	if err != nil {
+		return span{}, err
+	}
 	for range clients {
 		wg.Go(func() {
 			for n := next.Add(1) - 1; n < int64(count); n = next.Add(1) - 1 {
@@ -146,7 +149,7 @@ func (env *environment) commitBlock(ctx context.Context, clients, count int, tx 
 		})
 	}
 	wg.Wait()
-	return time.Since(began), errors.Join(errs...)
+	return env.stopTiming(ctx, timing), errors.Join(errs...)
 }
 
 // warm opens clients connections in each pool before a block, so that no

@@ -369,3 +369,57 @@ func joinInts(list []int) string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// span is a timed section of one measurement: how long it took, and how
+// many bytes of WAL the server wrote meanwhile (the whole server's: the
+// harness is its only writer while it runs).
+type span struct {
+	elapsed  time.Duration
+	walBytes int64
+	// mallocs is the heap allocations of this process meanwhile: the
+	// library's, and the harness's own, alike on both sides.
+	mallocs uint64
+}
+
+// timing is a section begun by startTiming.
+type timing struct {
+	began   time.Time
+	lsn     int64
+	mallocs uint64
+}
+
+// startTiming begins a timed section.
+func (env *environment) startTiming(ctx context.Context) (timing, error) {
+	lsn, err := env.walInsertLSN(ctx)
+	return timing{began: time.Now(), lsn: lsn, mallocs: mallocs()}, err
+}
+
+// stopTiming ends the section t began. A failure to read the WAL position
+// leaves walBytes negative: the measurement still counts, unpriced.
+func (env *environment) stopTiming(ctx context.Context, t timing) span {
+	elapsed := time.Since(t.began)
+	measured := span{elapsed: elapsed, mallocs: mallocs() - t.mallocs}
+	lsn, err := env.walInsertLSN(context.WithoutCancel(ctx))
+	if err != nil {
+		measured.walBytes = -1
+		return measured
+	}
+	measured.walBytes = lsn - t.lsn
+	return measured
+}
+
+// mallocs is the process's count of heap allocations so far.
+func mallocs() uint64 {
+	var stats runtime.MemStats
+	runtime.ReadMemStats(&stats)
+	return stats.Mallocs
+}
+
+// walInsertLSN is the server's current WAL insert position, in bytes.
+func (env *environment) walInsertLSN(ctx context.Context) (int64, error) {
+	var lsn int64
+	if err := env.pool.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint`).Scan(&lsn); err != nil {
+		return 0, fmt.Errorf("read the WAL position: %w", err)
+	}
+	return lsn, nil
+}

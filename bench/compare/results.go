@@ -51,6 +51,29 @@ type result struct {
 	// p50 and p99 are the commit-to-call latencies, end to end only.
 	p50, p99   time.Duration
 	hasLatency bool
+	// walBytes is the WAL written during the measurement (0: not
+	// measured, negative: unreadable), mallocs the process's heap
+	// allocations.
+	walBytes int64
+	mallocs  uint64
+}
+
+// mallocsPerCall is the heap allocations per call, job or transaction, or
+// 0 when not measured.
+func (r result) mallocsPerCall() float64 {
+	if r.count == 0 {
+		return 0
+	}
+	return float64(r.mallocs) / float64(r.count)
+}
+
+// walPerCall is the WAL bytes written per call, job or transaction, or 0
+// when not measured.
+func (r result) walPerCall() float64 {
+	if r.walBytes <= 0 || r.count == 0 {
+		return 0
+	}
+	return float64(r.walBytes) / float64(r.count)
 }
 
 // rate is the measurement's throughput per second.
@@ -62,6 +85,12 @@ func (r result) String() string {
 		s += fmt.Sprintf(" %2d clients", r.clients)
 	}
 	s += fmt.Sprintf(" %8d in %8s: %10.0f/s", r.count, r.elapsed.Round(time.Millisecond), r.rate())
+	if w := r.walPerCall(); w > 0 {
+		s += fmt.Sprintf(", %5.0f B of WAL each", w)
+	}
+	if m := r.mallocsPerCall(); m > 0 {
+		s += fmt.Sprintf(", %4.0f allocs each", m)
+	}
 	if r.hasLatency {
 		s += fmt.Sprintf(", commit to call p50 %s p99 %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
 	}
@@ -92,6 +121,11 @@ type series struct {
 	unit           string
 	rates          []float64
 	p50s, p99s     []float64 // milliseconds
+	// walEach is the WAL bytes per call, job or transaction, of each
+	// round that measured it.
+	walEach []float64
+	// mallocsEach is the heap allocations per call, job or transaction.
+	mallocsEach []float64
 }
 
 // ratio is one quotient across the rounds: each round's own ratio, so
@@ -131,6 +165,12 @@ func (rs *resultSet) summarize(s settings) summary {
 			sum.series = append(sum.series, series{phase: r.phase, variant: r.variant, clients: r.clients, unit: unitOf(r.phase)})
 		}
 		sum.series[i].rates = append(sum.series[i].rates, r.rate())
+		if w := r.walPerCall(); w > 0 {
+			sum.series[i].walEach = append(sum.series[i].walEach, w)
+		}
+		if m := r.mallocsPerCall(); m > 0 {
+			sum.series[i].mallocsEach = append(sum.series[i].mallocsEach, m)
+		}
 		if r.hasLatency {
 			sum.series[i].p50s = append(sum.series[i].p50s, milliseconds(r.p50))
 			sum.series[i].p99s = append(sum.series[i].p99s, milliseconds(r.p99))
@@ -217,6 +257,12 @@ func (sum summary) text(env *environment) string {
 		}
 		lo, hi := slices.Min(se.rates), slices.Max(se.rates)
 		fmt.Fprintf(&b, "  %-44s %10.0f   (%.0f–%.0f)", label, median(se.rates), lo, hi)
+		if len(se.walEach) > 0 {
+			fmt.Fprintf(&b, "   WAL %.0f B each", median(se.walEach))
+		}
+		if len(se.mallocsEach) > 0 {
+			fmt.Fprintf(&b, ", %.0f allocs each", median(se.mallocsEach))
+		}
 		if len(se.p50s) > 0 {
 			fmt.Fprintf(&b, "   commit to call p50 %.2f ms (%.2f–%.2f), p99 %.2f ms (%.2f–%.2f)",
 				median(se.p50s), slices.Min(se.p50s), slices.Max(se.p50s),
@@ -261,21 +307,28 @@ func (rs *resultSet) writeCSV(path string, sum summary) error {
 		return fmt.Errorf("write CSV: %w", err)
 	}
 	w := csv.NewWriter(file)
-	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio"})
+	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio", "wal_bytes_each", "allocs_each"})
 	for _, r := range rs.all {
 		p50, p99 := "", ""
 		if r.hasLatency {
 			p50, p99 = formatFloat(milliseconds(r.p50), 3), formatFloat(milliseconds(r.p99), 3)
 		}
+		walEach, allocsEach := "", ""
+		if w := r.walPerCall(); w > 0 {
+			walEach = formatFloat(w, 1)
+		}
+		if m := r.mallocsPerCall(); m > 0 {
+			allocsEach = formatFloat(m, 1)
+		}
 		_ = w.Write([]string{
 			"run", strconv.Itoa(r.round + 1), r.phase, r.variant, strconv.Itoa(r.clients), strconv.Itoa(r.count),
-			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "",
+			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "", walEach, allocsEach,
 		})
 	}
 	for _, q := range sum.ratios {
 		for i, v := range q.values {
 			_ = w.Write([]string{
-				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4),
+				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4), "", "",
 			})
 		}
 	}
