@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log"
 	"log/slog"
 	"os"
 	"runtime"
@@ -61,6 +62,10 @@ type environment struct {
 
 	serverVersion string
 	riverVersion  string
+
+	// checkpointRefused is set once the server refused a CHECKPOINT: the
+	// run goes on without them.
+	checkpointRefused atomic.Bool
 }
 
 func newEnvironment(ctx context.Context, s settings) (env *environment, err error) {
@@ -388,8 +393,18 @@ type timing struct {
 	mallocs uint64
 }
 
-// startTiming begins a timed section.
+// startTiming begins a timed section, after a CHECKPOINT unless the
+// settings say otherwise or the server refused one.
 func (env *environment) startTiming(ctx context.Context) (timing, error) {
+	if env.s.checkpoint && !env.checkpointRefused.Load() {
+		if _, err := env.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+			if ctx.Err() != nil {
+				return timing{}, err
+			}
+			env.checkpointRefused.Store(true)
+			log.Printf("CHECKPOINT refused (%v); measuring without them", err)
+		}
+	}
 	lsn, err := env.walInsertLSN(ctx)
 	return timing{began: time.Now(), lsn: lsn, mallocs: mallocs()}, err
 }

@@ -57,6 +57,10 @@ type settings struct {
 	timeout time.Duration
 	csvPath string
 	keep    bool
+	// checkpoint runs a CHECKPOINT before every timed section, so that no
+	// measurement shares the machine with the writes of one begun by the
+	// measurements before it.
+	checkpoint bool
 }
 
 // loadSettings reads the settings from the environment:
@@ -79,12 +83,15 @@ type settings struct {
 //	PGONCE_COMPARE_TIMEOUT       bound on each measurement's waits (default 10m)
 //	PGONCE_COMPARE_CSV           CSV output (default out/compare.csv, under bench/)
 //	PGONCE_COMPARE_KEEP=1        keep the schemas instead of dropping them
+//	PGONCE_COMPARE_CHECKPOINT=0  no CHECKPOINT before each timed section (it needs pg_checkpoint or a superuser)
 func loadSettings() (settings, error) {
 	s := settings{
 		databaseURL: cmp.Or(os.Getenv("PGONCE_COMPARE_DATABASE_URL"), os.Getenv("PGONCE_TEST_DATABASE_URL"),
 			"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		quick: envBool("PGONCE_COMPARE_QUICK"),
 		keep:  envBool("PGONCE_COMPARE_KEEP"),
+		// On unless PGONCE_COMPARE_CHECKPOINT says false.
+		checkpoint: os.Getenv("PGONCE_COMPARE_CHECKPOINT") == "" || envBool("PGONCE_COMPARE_CHECKPOINT"),
 	}
 	pick := func(full, quick int) int {
 		if s.quick {
