@@ -119,29 +119,13 @@ func loadSettings() (settings, error) {
 	errs = append(errs, err)
 	s.enqueueClients = clients
 
-	s.phases = allPhases
-	if v := os.Getenv("PGONCE_COMPARE_PHASES"); v != "" {
-		s.phases = nil
-		for _, phase := range strings.Split(v, ",") {
-			phase = strings.TrimSpace(phase)
-			if !slices.Contains(allPhases, phase) {
-				errs = append(errs, fmt.Errorf("PGONCE_COMPARE_PHASES: unknown phase %q (know %s)", phase, strings.Join(allPhases, ", ")))
-				continue
-			}
-			s.phases = append(s.phases, phase)
-		}
+	s.phases, err = envNames("PGONCE_COMPARE_PHASES", "phase", allPhases)
+	errs = append(errs, err)
+	if s.phases == nil {
+		s.phases = allPhases
 	}
-
-	if v := os.Getenv("PGONCE_COMPARE_VARIANTS"); v != "" {
-		for _, name := range strings.Split(v, ",") {
-			name = strings.TrimSpace(name)
-			if !slices.Contains(allVariants, name) {
-				errs = append(errs, fmt.Errorf("PGONCE_COMPARE_VARIANTS: unknown variant %q (know %s)", name, strings.Join(allVariants, ", ")))
-				continue
-			}
-			s.variants = append(s.variants, name)
-		}
-	}
+	s.variants, err = envNames("PGONCE_COMPARE_VARIANTS", "variant", allVariants)
+	errs = append(errs, err)
 
 	s.timeout = 10 * time.Minute
 	if v := os.Getenv("PGONCE_COMPARE_TIMEOUT"); v != "" {
@@ -215,4 +199,25 @@ func envInts(name string, fallback []int) ([]int, error) {
 // measures reports whether the run measures the variant called name.
 func (s settings) measures(name string) bool {
 	return len(s.variants) == 0 || slices.Contains(s.variants, name)
+}
+
+// envNames returns the comma-separated names of the variable called name,
+// each one of known (what names them, for the error), or nil when it is
+// not set.
+func envNames(name, what string, known []string) ([]string, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return nil, nil
+	}
+	var names []string
+	var errs []error
+	for _, field := range strings.Split(v, ",") {
+		field = strings.TrimSpace(field)
+		if !slices.Contains(known, field) {
+			errs = append(errs, fmt.Errorf("%s: unknown %s %q (know %s)", name, what, field, strings.Join(known, ", ")))
+			continue
+		}
+		names = append(names, field)
+	}
+	return names, errors.Join(errs...)
 }
