@@ -40,9 +40,9 @@ type Config struct {
 	// held from the claim until the outcome is recorded, so the rate a
 	// dispatcher reaches is about Concurrency divided by a call's time plus
 	// that round trip (100 slots: ~1,000 calls/s of 100 ms calls, and for
-	// cheap calls most of what PostgreSQL can record). Lower it for a
-	// provider that limits how many requests it takes at once; raise it for
-	// slow providers, or cheap ones on a large server.
+	// cheap calls about four fifths of a tuned dispatcher's rate). Lower it
+	// for a provider that limits how many requests it takes at once; raise
+	// it for slow providers, or cheap ones on a large server.
 	Concurrency int
 
 	// BatchSize is the most rows one claim takes. A claim never takes more
