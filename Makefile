@@ -109,6 +109,10 @@ PGONCE_COMPARE_CSV ?= bench/out/compare.csv
 bench-compare: ## Compare drain, enqueue and end to end with river v0.51.2, and the pgbench floor, interleaved rounds (PGONCE_COMPARE_QUICK=1: a smoke run; see README, "Beside river")
 	cd bench && PGONCE_COMPARE_CSV=$(abspath $(PGONCE_COMPARE_CSV)) go run ./compare
 
+.PHONY: bench-instructions
+bench-instructions: ## Count PostgreSQL's instructions per submit and per drained call with callgrind, with and without the row invariants (a private cluster; needs root and valgrind)
+	bench/instructions.sh
+
 .PHONY: tidy
 tidy: ## go mod tidy, of the core module, of the telemetry SDK tests' own and of bench/
 	go mod tidy

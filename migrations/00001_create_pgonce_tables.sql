@@ -97,44 +97,20 @@ CREATE TABLE /* TEMPLATE: schema */pgonce_key (
     autovacuum_analyze_scale_factor = 0.02
 );
 
--- pgonce_key_invariants returns true for a row that keeps every invariant
--- of pgonce_key and raises a check violation, under the invariant's name
--- (pgonce_key_response_check, ...) and with the key, for one that breaks
--- one. It is the table's one CHECK constraint rather than one constraint per
--- invariant because PostgreSQL compiles a table's constraint expressions for
--- every statement that writes to it: ten of them cost a single-row submit
--- 80-100 µs, a PL/pgSQL function, compiled once per connection, about 50.
--- It takes the columns rather than the row, so that no row is copied into a
--- record for it, and finds the invariant a row breaks in one expression.
+-- pgonce_key_invariants returns true for a row (r) that keeps every
+-- invariant of pgonce_key and raises a check violation, under the
+-- invariant's name (pgonce_key_response_check, ...) and with the key, for
+-- one that breaks one. It is the table's one CHECK constraint, and it takes
+-- the whole row, because PostgreSQL reads every constraint expression back
+-- from its stored text, and compiles it, for each statement that writes to
+-- the table, and a submit is a statement of one row: ten constraints of SQL
+-- cost it 80-100 µs, and of the 196,000 instructions a function of the 26
+-- columns cost it, 84,000 went to reading the 26 column references back.
+-- The row as one value costs a submit 108,000 instructions, and a batch
+-- statement 6,000 per row more than the columns did, for the copy of the
+-- row (callgrind, 1,000 submits and a drain of 2,000 calls).
 -- +goose StatementBegin
-CREATE FUNCTION /* TEMPLATE: schema */pgonce_key_invariants(
-    state /* TEMPLATE: schema */pgonce_state,
-    key bytea,
-    scope bytea,
-    fingerprint bytea,
-    response bytea,
-    failure bytea,
-    attempt integer,
-    lease_until timestamptz,
-    worker text,
-    available_at timestamptz,
-    updated_at timestamptz,
-    completed_at timestamptz,
-    expires_at timestamptz,
-    forget_at timestamptz,
-    delivery smallint,
-    key_retention_ms bigint,
-    metadata bytea,
-    tool text,
-    args bytea,
-    step bigint,
-    run_id text,
-    tenant text,
-    business_key text,
-    natural_id text,
-    last_error text,
-    first_attempted_at timestamptz
-) RETURNS boolean
+CREATE FUNCTION /* TEMPLATE: schema */pgonce_key_invariants(r /* TEMPLATE: schema */pgonce_key) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     broken text;
@@ -142,40 +118,40 @@ BEGIN
     -- The first invariant the row breaks, or NULL: one expression, as a
     -- CHECK constraint reads it (a condition that is NULL passes).
     broken := CASE
-        WHEN NOT (octet_length(key) = 32 AND octet_length(scope) = 32
-            AND (fingerprint IS NULL OR octet_length(fingerprint) = 32)) THEN 'pgonce_key_digests_check'
+        WHEN NOT (octet_length(r.key) = 32 AND octet_length(r.scope) = 32
+            AND (r.fingerprint IS NULL OR octet_length(r.fingerprint) = 32)) THEN 'pgonce_key_digests_check'
         -- A response exactly when succeeded, a failure exactly when failed.
-        WHEN (state = 'succeeded') <> (response IS NOT NULL) THEN 'pgonce_key_response_check'
-        WHEN (state = 'failed') <> (failure IS NOT NULL) THEN 'pgonce_key_failure_check'
+        WHEN (r.state = 'succeeded') <> (r.response IS NOT NULL) THEN 'pgonce_key_response_check'
+        WHEN (r.state = 'failed') <> (r.failure IS NOT NULL) THEN 'pgonce_key_failure_check'
         -- A lease and a worker together, only while open, and only for an
         -- attempt that a claim counted.
-        WHEN NOT (attempt >= 0 AND (lease_until IS NULL) = (worker IS NULL)
-            AND (lease_until IS NULL OR (state = 'open' AND attempt > 0))) THEN 'pgonce_key_lease_check'
-        WHEN (state = 'open') <> (available_at IS NOT NULL) THEN 'pgonce_key_available_check'
-        WHEN (state IN ('open', 'needs_review')) <> (updated_at IS NOT NULL) THEN 'pgonce_key_updated_check'
+        WHEN NOT (r.attempt >= 0 AND (r.lease_until IS NULL) = (r.worker IS NULL)
+            AND (r.lease_until IS NULL OR (r.state = 'open' AND r.attempt > 0))) THEN 'pgonce_key_lease_check'
+        WHEN (r.state = 'open') <> (r.available_at IS NOT NULL) THEN 'pgonce_key_available_check'
+        WHEN (r.state IN ('open', 'needs_review')) <> (r.updated_at IS NOT NULL) THEN 'pgonce_key_updated_check'
         -- completed_at exactly when finished; the retention times exactly
         -- while they apply.
-        WHEN (state IN ('succeeded', 'failed', 'cancelled', 'expired')) <> (completed_at IS NOT NULL) THEN 'pgonce_key_completed_check'
-        WHEN (state IN ('succeeded', 'failed', 'cancelled')) <> (expires_at IS NOT NULL)
-            OR (state IN ('succeeded', 'failed', 'cancelled', 'expired')) <> (forget_at IS NOT NULL) THEN 'pgonce_key_retention_check'
+        WHEN (r.state IN ('succeeded', 'failed', 'cancelled', 'expired')) <> (r.completed_at IS NOT NULL) THEN 'pgonce_key_completed_check'
+        WHEN (r.state IN ('succeeded', 'failed', 'cancelled')) <> (r.expires_at IS NOT NULL)
+            OR (r.state IN ('succeeded', 'failed', 'cancelled', 'expired')) <> (r.forget_at IS NOT NULL) THEN 'pgonce_key_retention_check'
         -- The tool's settings at submit, and bounded metadata.
-        WHEN NOT ((delivery IS NULL OR delivery IN (1, 2))
-            AND (key_retention_ms IS NULL OR key_retention_ms > 0)
-            AND (metadata IS NULL OR octet_length(metadata) BETWEEN 2 AND 8192)) THEN 'pgonce_key_tool_settings_check'
+        WHEN NOT ((r.delivery IS NULL OR r.delivery IN (1, 2))
+            AND (r.key_retention_ms IS NULL OR r.key_retention_ms > 0)
+            AND (r.metadata IS NULL OR octet_length(r.metadata) BETWEEN 2 AND 8192)) THEN 'pgonce_key_tool_settings_check'
         -- A tombstone keeps only what a late duplicate needs; every other
         -- key keeps its call.
         WHEN NOT CASE
-            WHEN state = 'expired' THEN
-                tool IS NULL AND args IS NULL AND step IS NULL AND run_id IS NULL AND tenant IS NULL
-                AND business_key IS NULL AND natural_id IS NULL AND last_error IS NULL AND first_attempted_at IS NULL
-                AND metadata IS NULL AND delivery IS NULL AND key_retention_ms IS NULL
-            ELSE tool IS NOT NULL AND args IS NOT NULL AND step IS NOT NULL
+            WHEN r.state = 'expired' THEN
+                r.tool IS NULL AND r.args IS NULL AND r.step IS NULL AND r.run_id IS NULL AND r.tenant IS NULL
+                AND r.business_key IS NULL AND r.natural_id IS NULL AND r.last_error IS NULL AND r.first_attempted_at IS NULL
+                AND r.metadata IS NULL AND r.delivery IS NULL AND r.key_retention_ms IS NULL
+            ELSE r.tool IS NOT NULL AND r.args IS NOT NULL AND r.step IS NOT NULL
         END THEN 'pgonce_key_call_check'
     END;
     IF broken IS NULL THEN
         RETURN true;
     END IF;
-    RAISE EXCEPTION 'pgonce_key row % (state %) breaks %: %', encode(key, 'hex'), state, broken, CASE broken
+    RAISE EXCEPTION 'pgonce_key row % (state %) breaks %: %', encode(r.key, 'hex'), r.state, broken, CASE broken
             WHEN 'pgonce_key_digests_check' THEN 'key, scope and fingerprint are 32-byte digests'
             WHEN 'pgonce_key_response_check' THEN 'a response exactly when succeeded'
             WHEN 'pgonce_key_failure_check' THEN 'a failure exactly when failed'
@@ -193,11 +169,7 @@ $$;
 -- +goose StatementEnd
 
 ALTER TABLE /* TEMPLATE: schema */pgonce_key
-    ADD CONSTRAINT pgonce_key_invariants_check CHECK (/* TEMPLATE: schema */pgonce_key_invariants(
-        state, key, scope, fingerprint, response, failure, attempt, lease_until, worker, available_at, updated_at,
-        completed_at, expires_at, forget_at, delivery, key_retention_ms, metadata, tool, args, step, run_id, tenant,
-        business_key, natural_id, last_error, first_attempted_at
-    ));
+    ADD CONSTRAINT pgonce_key_invariants_check CHECK (/* TEMPLATE: schema */pgonce_key_invariants(pgonce_key));
 
 -- Looking a key up needs equality only; a hash index stores a 4-byte hash
 -- per key instead of the 32-byte key. Uniqueness is the scope's.
