@@ -418,16 +418,19 @@ func (d *Dispatcher[TTx]) startListener(ctx context.Context, background *sync.Wa
 	go func() {
 		defer background.Done()
 		defer release()
-		d.listen(ctx, signal, onNotify)
+		d.listen(ctx, onNotify)
 	}()
 	return trailing
 }
 
 // listen calls onNotify on every notification of new work, and reconnects
-// when its connection drops, calling wake to catch up.
-func (d *Dispatcher[TTx]) listen(ctx context.Context, wake, onNotify func()) {
+// when its connection drops. Every (re)connection calls onNotify too, to
+// catch up on what arrived while not listening: a notification this
+// listener missed may have started a client's cooldown, whose submits then
+// wait for the trailing claim that onNotify arms.
+func (d *Dispatcher[TTx]) listen(ctx context.Context, onNotify func()) {
 	d.store.ListenLoop(ctx, []string{d.store.WorkChannel}, d.client.Config().StatementTimeout,
-		wake, // catch up on what arrived while not listening
+		onNotify,
 		func(*pgconn.Notification) { onNotify() },
 		func(err error, retryIn time.Duration) {
 			d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",

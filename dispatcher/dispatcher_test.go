@@ -850,6 +850,29 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 		stop()
 	})
 
+	t.Run("ASubmitInTheCooldownOfAMissedNotificationIsClaimed", func(t *testing.T) {
+		t.Parallel()
+		const cooldown = 5 * time.Second
+		bundle, client := cooldownClient(t, driver, cooldown)
+
+		var first, second outbox.Key
+		notified := pgoncetest.WorkNotifications(t, bundle.schema, func() {
+			// The first submit notifies before any dispatcher listens: the
+			// dispatcher finds its key by catching up once it listens.
+			first = submit(t, client, "refund", 1)
+			startCooldownDispatcher(t, client)
+			done := awaitState(t, bundle.client, first, outbox.StateSucceeded)
+			awaitIdleClaim(t, bundle.schema, done.CompletedAt, done.CompletedAt)
+			// The second, within the cooldown of the notification the
+			// dispatcher never heard, does not notify: only a trailing
+			// claim armed by the catch-up finds it (the dispatcher polls
+			// once an hour).
+			second = submit(t, client, "refund", 2)
+		})
+		require.Equal(t, 1, notified, "the second submit, within the cooldown, must not notify")
+		awaitState(t, bundle.client, second, outbox.StateSucceeded)
+	})
+
 	t.Run("ALoneSubmitIsClaimedOnItsNotificationUnderTheDefaultCooldown", func(t *testing.T) {
 		t.Parallel()
 		bundle, client, stop := startWithCooldown(t, driver, 0)
@@ -881,6 +904,14 @@ func testDispatcherDirect[TTx any](t *testing.T, driver drivertest.Driver[TTx]) 
 // one, wake it. It returns once the dispatcher listens.
 func startWithCooldown[TTx any](t *testing.T, driver drivertest.Driver[TTx], cooldown time.Duration) (*testBundle[TTx], *outbox.Client[TTx], func()) {
 	t.Helper()
+	bundle, client := cooldownClient(t, driver, cooldown)
+	return bundle, client, startCooldownDispatcher(t, client)
+}
+
+// cooldownClient returns the client of startWithCooldown, with no
+// dispatcher yet.
+func cooldownClient[TTx any](t *testing.T, driver drivertest.Driver[TTx], cooldown time.Duration) (*testBundle[TTx], *outbox.Client[TTx]) {
+	t.Helper()
 	bundle := setup(t, driver)
 	poolConfig, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
 	require.NoError(t, err)
@@ -891,13 +922,20 @@ func startWithCooldown[TTx any](t *testing.T, driver drivertest.Driver[TTx], coo
 	client := driver.ClientOver(t, pool, outbox.Config{
 		Schema: bundle.schema, Registry: bundle.registry, NotifyCooldown: cooldown,
 	})
+	return bundle, client
+}
+
+// startCooldownDispatcher starts the dispatcher of startWithCooldown over
+// client and returns once it listens.
+func startCooldownDispatcher[TTx any](t *testing.T, client *outbox.Client[TTx]) func() {
+	t.Helper()
 	config := fastConfig()
 	config.PollInterval = time.Hour
 	d, err := dispatcher.New(client, config)
 	require.NoError(t, err)
 	stop := start(t, d)
 	require.Eventually(t, func() bool { return listenerPID(t, client) != 0 }, time.Minute, 5*time.Millisecond)
-	return bundle, client, stop
+	return stop
 }
 
 // awaitIdleClaim waits until the dispatcher of startWithCooldown over

@@ -127,7 +127,9 @@ type Config struct {
 	// WAL flush, which more than halves throughput under many concurrent
 	// submitters (README, "Performance"). A dispatcher whose client has a
 	// cooldown claims again one cooldown after the last notification it
-	// received, which finds the keys whose notification was left out; a
+	// received, and after its listener (re)connects, which finds the keys
+	// whose notification was left out (behind a notification the listener
+	// missed, too); a
 	// submit after a quiet cooldown notifies at once, so a call submitted
 	// alone is claimed within milliseconds of its commit. The price: a key
 	// left unannounced whose transaction commits later than that trailing
