@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -252,4 +253,35 @@ func requireVectorError(t *testing.T, want keyVectorError, err error) {
 	default:
 		require.Failf(t, "unknown error kind", "%q", want.Kind)
 	}
+}
+
+// keyspecWords are the words KEYSPEC.md writes in backquotes that look like
+// vector names but name something else.
+var keyspecWords = map[string]bool{
+	"Call": true, "Decimal": true, "ErrInvalidCall": true, "ErrNotCanonical": true,
+	"Infinity": true, "MarshalJSON": true, "NaN": true, "None": true,
+	"TestDeriveKeyGoldenVectors": true, "TestES6NumberSerialization": true, "TextEncoder": true,
+}
+
+// TestKeyspecCitesVectors checks that every vector KEYSPEC.md cites by name
+// is in testdata/keys/v1.json, so that a reader who looks a rule's vector up
+// finds it.
+func TestKeyspecCitesVectors(t *testing.T) {
+	t.Parallel()
+
+	names := make(map[string]bool)
+	for _, vec := range loadKeyVectors(t) {
+		names[vec.Name] = true
+	}
+	spec, err := os.ReadFile(filepath.Join("..", "KEYSPEC.md"))
+	require.NoError(t, err)
+	cited := 0
+	for _, m := range regexp.MustCompile("`([A-Z][A-Za-z0-9]+)`").FindAllStringSubmatch(string(spec), -1) {
+		if keyspecWords[m[1]] {
+			continue
+		}
+		require.True(t, names[m[1]], "KEYSPEC.md cites vector %s, which testdata/keys/v1.json lacks", m[1])
+		cited++
+	}
+	require.Positive(t, cited)
 }
