@@ -52,8 +52,12 @@ test: setup ## Run the tests against PostgreSQL, the fault campaign's quick prof
 	cd $(SDKTEST) && go test -race -count=1 ./...
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
 
+.PHONY: demo
+demo: setup ## Run the refund demo against the local PostgreSQL (set up by .ci/setup when missing; see README)
+	go run ./cmd/pgonce demo
+
 .PHONY: faults
-faults: ## Run the fault campaign's long profile (as root: it makes private clusters; see README, "Reliability")
+faults: ## Run the fault campaign's long profile (as root: it makes private clusters; see docs/reliability.md)
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS=long PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 -timeout=90m ./internal/faults/
 	@cat $(FAULTS_SUMMARY)
@@ -106,7 +110,7 @@ bench-telemetry: ## Compare the drain's throughput with the telemetry middleware
 PGONCE_COMPARE_CSV ?= bench/out/compare.csv
 
 .PHONY: bench-compare
-bench-compare: ## Compare drain, enqueue and end to end with river v0.51.2, and the pgbench floor, interleaved rounds (PGONCE_COMPARE_QUICK=1: a smoke run; see README, "Beside river")
+bench-compare: ## Compare drain, enqueue and end to end with river v0.51.2, and the pgbench floor, interleaved rounds (PGONCE_COMPARE_QUICK=1: a smoke run; see docs/performance.md)
 	cd bench && PGONCE_COMPARE_CSV=$(abspath $(PGONCE_COMPARE_CSV)) go run ./compare
 
 .PHONY: bench-instructions
