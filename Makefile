@@ -46,14 +46,14 @@ setup: ## Start or install PostgreSQL and install what the tests need when missi
 	bash .ci/setup
 
 .PHONY: test
-test: setup ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see README)
+test: setup ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see docs/development.md)
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 ./...
 	cd $(SDKTEST) && go test -race -count=1 ./...
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
 
 .PHONY: demo
-demo: setup ## Run the refund demo against the local PostgreSQL (set up by .ci/setup when missing; see README)
+demo: setup ## Run the refund demo against the local PostgreSQL (set up by .ci/setup when missing)
 	go run ./cmd/pgonce demo
 
 .PHONY: faults

@@ -2,6 +2,7 @@ package pgonce_test
 
 import (
 	"bytes"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"go/format"
@@ -19,9 +20,15 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 	"unicode"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
 )
 
 // quickstartMarker precedes the README's quick start, a fenced Go block that
@@ -298,4 +305,56 @@ func headingSlug(heading string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestRecoveryTimesMatchDefaults recomputes the figures of "Recovery times"
+// in docs/operating.md from the defaults in the code, so that a changed
+// default cannot leave the page promising other times.
+func TestRecoveryTimesMatchDefaults(t *testing.T) {
+	t.Parallel()
+
+	db, err := sql.Open("pgx", "postgres://127.0.0.1:1/none") // never connected: New runs no statement
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	client, err := outbox.New(db, outbox.Config{})
+	require.NoError(t, err)
+	lease := client.Config().Lease
+	grace := reconcile.GraceDefault
+	interval := dispatcher.MaintenanceIntervalDefault
+	leadership := 3 * interval // dispatcher.Config.MaintenanceInterval: "holds its leadership for three intervals"
+
+	var backoffMin, backoffMax time.Duration // the 25th attempt's start, at the shortest and longest jitter
+	for attempt := 1; attempt < dispatcher.MaxAttemptsDefault; attempt++ {
+		delay := min(dispatcher.BackoffMinDefault<<(attempt-1), dispatcher.BackoffMaxDefault)
+		backoffMin += delay / 2
+		backoffMax += delay
+	}
+
+	page, err := os.ReadFile(filepath.Join("docs", "operating.md"))
+	require.NoError(t, err)
+	_, section, found := strings.Cut(string(page), "\n## Recovery times\n")
+	require.True(t, found)
+	section, _, _ = strings.Cut(section, "\n## ")
+	section = strings.Join(strings.Fields(section), " ")
+
+	seconds := func(d time.Duration) string { return fmt.Sprintf("%d s", int(d.Seconds())) }
+	hoursMinutes := func(d time.Duration) string {
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
+	}
+	for _, want := range []string{
+		"| " + seconds(outbox.CallTimeoutDefault) + " |",
+		"`CallTimeout` + " + seconds(lease-outbox.CallTimeoutDefault) + " = " + seconds(lease) + " |",
+		"| " + seconds(grace) + " |",
+		"| " + seconds(interval) + " (leadership " + seconds(leadership) + ") |",
+		"lease ends " + seconds(lease) + " after its claim",
+		"from " + seconds(lease+grace) + " after the claim (lease + grace)",
+		"every " + seconds(interval) + ": **" + seconds(lease+grace) + " to " + seconds(lease+grace+interval) + " after the claim**",
+		"its leadership lasts " + seconds(leadership) + " from its last renewal, at most " + seconds(interval) + " before the crash",
+		"at most " + seconds(interval) + " later",
+		"**at most " + seconds(max(lease+grace, leadership)+interval) + " after the crash**",
+		"The " + strconv.Itoa(dispatcher.MaxAttemptsDefault) + "th attempt starts " + hoursMinutes(backoffMin) + " to " + hoursMinutes(backoffMax) + " after the first",
+	} {
+		require.Contains(t, section, want)
+	}
 }

@@ -144,8 +144,8 @@ func (c *Client[TTx]) Config() Config { return c.config }
 // same key or the same run and step with another tool or other arguments
 // returns [ErrKeyConflict]; a pruned key returns [ErrExpired] with the
 // tombstone's Result; a tool missing from the registry returns
-// [ErrUnknownTool]. None of these writes anything. The README's "One shape
-// for every outcome" states the rule all calls follow.
+// [ErrUnknownTool]. None of these writes anything. "One shape for every
+// outcome" in docs/concepts.md states the rule all calls follow.
 //
 // A concurrent transaction that claimed the same key and has not committed
 // makes SubmitTx wait until it ends. Under READ COMMITTED the waiter then

@@ -125,7 +125,7 @@ type Config struct {
 	// does not notify. PostgreSQL serialises the commits of notifying
 	// transactions under one database-wide lock, held through the commit's
 	// WAL flush, which more than halves throughput under many concurrent
-	// submitters (README, "Performance"). A dispatcher whose client has a
+	// submitters (docs/performance.md). A dispatcher whose client has a
 	// cooldown claims again one cooldown after the last notification it
 	// received, and after its listener (re)connects, which finds the keys
 	// whose notification was left out (behind a notification the listener
@@ -150,7 +150,7 @@ type Config struct {
 
 	// Pooling says how the pool's connections reach PostgreSQL: directly
 	// (or through a session pooler), or through a transaction pooler such as
-	// PgBouncer in transaction mode (README, "Production topologies"). With
+	// PgBouncer in transaction mode (docs/topologies.md). With
 	// [PoolingTransaction], [NewPgx] refuses a pool that keeps prepared
 	// statements, waits listen only over ListenConnectFunc, and a
 	// dispatcher needs ListenConnectFunc or NotifyDisabled. Defaults to

@@ -17,8 +17,8 @@ import (
 	"github.com/pgonce/pgonce/outbox"
 )
 
-// TestOutcomeShape checks every cell of the README's table "One shape for
-// every outcome": for each situation, what SubmitTx, Submit, Do and Wait
+// TestOutcomeShape checks every cell of the table "One shape for every
+// outcome" in docs/concepts.md: for each situation, what SubmitTx, Submit, Do and Wait
 // return (the Result's state, Created, the errors it matches), and the
 // observation and HTTP status those make, on both drivers.
 func TestOutcomeShape(t *testing.T) {

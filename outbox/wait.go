@@ -41,7 +41,7 @@ const (
 //
 // Each read runs under [Config.StatementTimeout]. A read that fails
 // transiently (a lost connection, a half-open one that reached that
-// deadline, a restarting server, too many connections; see the README,
+// deadline, a restarting server, too many connections; see docs/concepts.md,
 // "Waiting for a result") is retried with
 // the same backoff: Wait keeps waiting through it. A definitive answer
 // returns at once: [ErrNotFound] for a key never submitted, [ErrExpired] for

@@ -8,7 +8,7 @@
 //	pgonce [--database-url URL] [--schema NAME] COMMAND [flags] [args]
 //
 // Run `pgonce help` for the commands and `pgonce COMMAND --help` for a
-// command's flags. Exit codes are documented in [exitOK] and the README.
+// command's flags. Exit codes are documented in [exitOK] and docs/cli.md.
 package main
 
 import (

@@ -29,7 +29,7 @@ import (
 const chromiumEnv = "PGONCE_CHROMIUM"
 
 // screenshotsEnv names a directory that receives a copy of the browser
-// test's screenshots (the README's screenshots are made so).
+// test's screenshots (those in docs/console are made so).
 const screenshotsEnv = "PGONCE_CONSOLE_SCREENSHOTS"
 
 // browser drives a headless Chromium over the DevTools protocol on the

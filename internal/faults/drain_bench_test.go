@@ -25,7 +25,7 @@ const drainKeysEnv = "PGONCE_BENCH_DRAIN_KEYS"
 // BenchmarkDrainProcesses measures how fast 1, 2, 4 and 8 dispatcher
 // processes (each with the campaign's dispatcher configuration) drain a
 // backlog of keyed calls whose provider writes a ledger row: the scale note
-// of README, "Production topologies". Run it with `make bench-drain`.
+// of docs/topologies.md. Run it with `make bench-drain`.
 func BenchmarkDrainProcesses(b *testing.B) {
 	keys := 5000
 	if n, err := strconv.Atoi(os.Getenv(drainKeysEnv)); err == nil && n > 0 {

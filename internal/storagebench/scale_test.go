@@ -322,7 +322,7 @@ func benchSubmitTx(b *testing.B, small, large *scaleFixture) (float64, float64) 
 // keys: a claim and its outcome write into the leaves of the key and scope
 // indexes that the backlog's submits read, and whether those leaves are
 // still in shared_buffers when the claim comes depends on how many other
-// leaves the backlog brought in since (README, Storage).
+// leaves the backlog brought in since (docs/performance.md, "Scale").
 func benchClaim(b *testing.B, small, large *scaleFixture) (float64, float64) {
 	claimRows := envInt(b, claimRowsEnv, claimRowsDefault)
 	elapsed := map[*scaleFixture]time.Duration{}
