@@ -31,11 +31,19 @@
 // keys ([Truncate], [HexOnly]). Every attempt has its own deadline,
 // [Config.Timeout].
 //
+// # Redirects
+//
+// A redirect is not followed: a 3xx answer is the attempt's outcome, a
+// permanent failure, so that the request and its idempotency key reach no
+// server but the configured one. [RedirectsSameOrigin] follows redirects
+// within the request's origin (scheme, host and port), and only there.
+//
 // # What is stored
 //
 // A 2xx answer is stored as the key's response, and a 4xx one as its
 // permanent failure, both in one JSON envelope of status, kept headers and
-// body, the body byte for byte (see [Response] and [Decode]). Duplicates
+// body, the body byte for byte (see [Response] and [Decode]); the envelope
+// is valid JSON in valid UTF-8 whatever the body holds. Duplicates
 // of the call get the stored envelope back, never a second request.
 //
 // # Classification

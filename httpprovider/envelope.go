@@ -26,12 +26,15 @@ var ErrNotEnvelope = errors.New("not an httpprovider response envelope")
 // stored in exactly one of three members, so that [Decode] gives back its
 // bytes exactly:
 //
-//   - body: the body itself, verbatim, when it is valid JSON with no
-//     leading or trailing white space (a model reading the observation sees
-//     the provider's JSON as it is);
+//   - body: the body itself, verbatim, when it is valid JSON in valid
+//     UTF-8 with no leading or trailing white space (a model reading the
+//     observation sees the provider's JSON as it is);
 //   - body_text: a JSON string of the body, for other valid UTF-8 (a JSON
 //     body ending in a newline, plain text);
-//   - body_base64: the body in standard base64, for the rest.
+//   - body_base64: the body in standard base64, for the rest, JSON
+//     holding invalid UTF-8 included.
+//
+// So the envelope is always valid JSON in valid UTF-8.
 //
 // An empty body stores none of them.
 type Response struct {
@@ -61,7 +64,9 @@ func (r *Response) Encode() (json.RawMessage, error) {
 	var raw []byte
 	switch {
 	case len(r.Body) == 0:
-	case json.Valid(r.Body) && len(bytes.TrimSpace(r.Body)) == len(r.Body):
+	case utf8.Valid(r.Body) && json.Valid(r.Body) && len(bytes.TrimSpace(r.Body)) == len(r.Body):
+		// json.Valid accepts invalid UTF-8 inside strings; stored verbatim,
+		// such a body would make the envelope itself invalid JSON text.
 		// encoding/json compacts a RawMessage it marshals; the body is put
 		// in place by hand below so that its bytes stay as they were.
 		raw = r.Body

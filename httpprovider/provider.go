@@ -61,7 +61,14 @@ type Config struct {
 	Method string
 	// Client sends the requests. Defaults to a client of its own over
 	// http.DefaultTransport. Its Timeout, if any, applies beside Timeout.
+	// The provider sends through a copy of it whose redirect policy is
+	// Redirects: its CheckRedirect is consulted only for a redirect that
+	// Redirects allows.
 	Client *http.Client
+	// Redirects says which redirects are followed. Defaults to
+	// [RedirectsNone]: a 3xx answer is the attempt's outcome, never
+	// followed, so that the request and its key go to no other server.
+	Redirects Redirects
 
 	// KeyHeader names the header that carries the idempotency key. Defaults
 	// to [KeyHeaderDefault].
@@ -110,6 +117,27 @@ type Config struct {
 	NowFunc func() time.Time
 }
 
+// Redirects says which redirects a [Provider] follows ([Config.Redirects]).
+type Redirects int
+
+const (
+	// RedirectsNone follows no redirect: a 3xx answer is the attempt's
+	// outcome, a permanent failure whose envelope is stored (keep
+	// Location with [Config.KeepHeaders] to see where it pointed).
+	RedirectsNone Redirects = iota
+	// RedirectsSameOrigin follows a redirect whose target has the scheme,
+	// host and port of the request, as net/http follows it (10 requests
+	// at most): 307 and 308 send the same method, body and key again;
+	// 301, 302 and 303 turn a POST into a GET without a body. A redirect
+	// to another origin, or past that bound, is not followed: it is the
+	// outcome, as with RedirectsNone.
+	RedirectsSameOrigin
+)
+
+// redirectsMax bounds the requests of one attempt under
+// RedirectsSameOrigin, as net/http's default policy does.
+const redirectsMax = 10
+
 // Provider is an [outbox.Provider] for a downstream HTTP API that
 // deduplicates on an idempotency key, as payment APIs do. Every attempt of
 // one action sends the same request with the same key header. It is safe
@@ -128,7 +156,9 @@ type Config struct {
 //	                           makes the retry safe), by Retry-After if given
 //	other 4xx (400, 402, 422)  permanent failure: the envelope is stored with
 //	                           [outbox.PermanentBody] and replayed verbatim
-//	1xx, 3xx left unfollowed   permanent failure, likewise
+//	1xx, 3xx                   permanent failure, likewise; redirects are
+//	                           not followed unless [Config.Redirects] says
+//	                           so, and then within the origin only
 //	transport error or timeout ambiguous once the request's headers were
 //	                           written, a plain retry before
 //
@@ -158,9 +188,13 @@ func (c Config) withDefaults() Config {
 	c.Timeout = cmp.Or(c.Timeout, TimeoutDefault)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
 	c.RetryAfterMax = cmp.Or(c.RetryAfterMax, RetryAfterMaxDefault)
-	if c.Client == nil {
-		c.Client = &http.Client{}
+	client := &http.Client{}
+	if c.Client != nil {
+		copied := *c.Client
+		client = &copied
 	}
+	client.CheckRedirect = checkRedirect(c.Redirects, client.CheckRedirect)
+	c.Client = client
 	if c.NowFunc == nil {
 		c.NowFunc = time.Now
 	}
@@ -182,6 +216,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: KeyHeader %q must be a header name", ErrInvalidConfig, c.KeyHeader)
 	case !validToken(c.Method):
 		return fmt.Errorf("%w: Method %q must be a method name", ErrInvalidConfig, c.Method)
+	case c.Redirects != RedirectsNone && c.Redirects != RedirectsSameOrigin:
+		return fmt.Errorf("%w: unknown Redirects %d", ErrInvalidConfig, int(c.Redirects))
 	case c.Timeout < 0 || c.MaxResponseBytes < 0 || c.RetryAfterMax < 0 || c.KeyRetention < 0:
 		return fmt.Errorf("%w: Timeout, MaxResponseBytes, RetryAfterMax and KeyRetention must not be negative", ErrInvalidConfig)
 	}
@@ -191,6 +227,38 @@ func (c Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// checkRedirect is the redirect policy of a client: which redirects
+// follow, and then the client's own policy, if any.
+func checkRedirect(redirects Redirects, own func(*http.Request, []*http.Request) error) func(*http.Request, []*http.Request) error {
+	return func(req *http.Request, via []*http.Request) error {
+		if redirects != RedirectsSameOrigin || !sameOrigin(req.URL, via[0].URL) || len(via) >= redirectsMax {
+			// The redirect is the answer.
+			return http.ErrUseLastResponse
+		}
+		if own != nil {
+			return own(req, via)
+		}
+		return nil
+	}
+}
+
+// sameOrigin reports whether a and b have one origin (RFC 6454): scheme,
+// host and port, a default port spelled or not.
+func sameOrigin(a, b *url.URL) bool {
+	return strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Hostname(), b.Hostname()) &&
+		portOf(a) == portOf(b)
+}
+
+func portOf(u *url.URL) string {
+	if port := u.Port(); port != "" {
+		return port
+	}
+	if strings.EqualFold(u.Scheme, "https") {
+		return "443"
+	}
+	return "80"
 }
 
 func validURL(raw string) bool {

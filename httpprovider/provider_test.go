@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -312,4 +314,115 @@ func TestTransforms(t *testing.T) {
 	require.Equal(t, string(testKey), whole)
 	require.Panics(t, func() { httpprovider.Truncate(8) })
 	_ = context.Background
+}
+
+func TestInvalidUTF8JSONBodyIsStoredAsBase64(t *testing.T) {
+	t.Parallel()
+	body := []byte("{\"s\":\"\xff\"}")
+	require.True(t, json.Valid(body), "encoding/json calls it valid")
+	p := answering(t, httpprovider.Config{}, func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body)
+	})
+	stored, err := p.Call(t.Context(), testRequest())
+	require.NoError(t, err)
+	require.True(t, utf8.Valid(stored), "the envelope is valid UTF-8: %q", stored)
+	require.True(t, json.Valid(stored), "%s", stored)
+	var env map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(stored, &env))
+	require.Contains(t, env, "body_base64")
+	require.NotContains(t, env, "body")
+	resp, err := httpprovider.Decode(stored)
+	require.NoError(t, err)
+	require.Equal(t, body, resp.Body, "byte for byte")
+}
+
+func TestRedirects(t *testing.T) {
+	t.Parallel()
+
+	type bundle struct {
+		elsewhere     *httptest.Server
+		elsewhereHits atomic.Int64
+		origin        *httptest.Server
+		originHits    atomic.Int64
+	}
+	setup := func(t *testing.T, status int, sameOrigin bool) *bundle {
+		t.Helper()
+		b := &bundle{}
+		b.elsewhere = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b.elsewhereHits.Add(1)
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"stolen_key":"` + r.Header.Get("Idempotency-Key") + `"}`))
+		}))
+		t.Cleanup(b.elsewhere.Close)
+		b.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b.originHits.Add(1)
+			switch {
+			case r.URL.Path == "/v1/refunds" && sameOrigin:
+				http.Redirect(w, r, "/v1/refunds/new", status)
+			case r.URL.Path == "/v1/refunds":
+				http.Redirect(w, r, b.elsewhere.URL+"/v1/refunds", status)
+			default:
+				w.WriteHeader(http.StatusCreated)
+				_, _ = w.Write([]byte(`{"id":"re_1","key":"` + r.Header.Get("Idempotency-Key") + `"}`))
+			}
+		}))
+		t.Cleanup(b.origin.Close)
+		return b
+	}
+
+	for name, redirects := range map[string]httpprovider.Redirects{"None": httpprovider.RedirectsNone, "SameOrigin": httpprovider.RedirectsSameOrigin} {
+		t.Run("AnotherOriginIsNeverFollowedWithRedirects"+name, func(t *testing.T) {
+			t.Parallel()
+			for _, status := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+				b := setup(t, status, false)
+				p, err := httpprovider.New(httpprovider.Config{
+					URL: b.origin.URL + "/v1/refunds", KeepHeaders: []string{"Location"}, Redirects: redirects,
+				})
+				require.NoError(t, err)
+				_, err = p.Call(t.Context(), testRequest())
+				var permanent *outbox.PermanentError
+				require.ErrorAs(t, err, &permanent, "the redirect is the outcome")
+				resp, err := httpprovider.Decode(permanent.Body())
+				require.NoError(t, err)
+				require.Equal(t, status, resp.Status)
+				require.Equal(t, b.elsewhere.URL+"/v1/refunds", resp.Header.Get("Location"))
+				require.Equal(t, int64(0), b.elsewhereHits.Load(), "neither the request nor its key left the origin")
+			}
+		})
+	}
+
+	t.Run("SameOriginOnlyWhenAsked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, http.StatusTemporaryRedirect, true)
+		p, err := httpprovider.New(httpprovider.Config{URL: b.origin.URL + "/v1/refunds"})
+		require.NoError(t, err)
+		_, err = p.Call(t.Context(), testRequest())
+		var permanent *outbox.PermanentError
+		require.ErrorAs(t, err, &permanent, "not followed by default")
+		require.Equal(t, int64(1), b.originHits.Load())
+
+		followed := 0
+		p, err = httpprovider.New(httpprovider.Config{
+			URL: b.origin.URL + "/v1/refunds", Redirects: httpprovider.RedirectsSameOrigin,
+			Client: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error {
+				followed++ // the client's own policy still has its say
+				return nil
+			}},
+		})
+		require.NoError(t, err)
+		stored, err := p.Call(t.Context(), testRequest())
+		require.NoError(t, err)
+		resp, err := httpprovider.Decode(stored)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.Status)
+		require.JSONEq(t, `{"id":"re_1","key":"`+string(testKey)+`"}`, string(resp.Body))
+		require.Equal(t, 1, followed)
+	})
+
+	t.Run("UnknownRedirectsRefused", func(t *testing.T) {
+		t.Parallel()
+		_, err := httpprovider.New(httpprovider.Config{URL: "http://example.com", Redirects: 7})
+		require.ErrorIs(t, err, httpprovider.ErrInvalidConfig)
+	})
 }
