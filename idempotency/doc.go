@@ -51,8 +51,9 @@
 // [ModeLease] is for handlers that call the outside world. The key is
 // claimed in flight under a lease, as [outbox.Client.Do] claims it, the
 // handler runs under the client's CallTimeout, and its response is stored
-// when it returns. A duplicate while it runs gets 409 with Retry-After. A
-// request whose outcome nobody knows (the server was killed mid-request,
+// when it returns. A duplicate while it runs waits for it, as in [ModeTx],
+// up to [Config.WaitTimeout], and replays its response; past it, it gets
+// 409 with Retry-After. A request whose outcome nobody knows (the server was killed mid-request,
 // the handler panicked or overran) is resolved by the tool's delivery, as
 // [Register] registered it:
 //
@@ -88,11 +89,19 @@
 //
 // # Answers
 //
-//	first request with a key                 the handler's response
+//	first request with a key                 the handler's response (one that
+//	                                         wrote nothing: 200, empty, stored)
 //	same key, same request, finished         the stored response, byte for byte,
 //	                                         with Idempotent-Replayed: true
 //	same key while the first runs            waits up to Config.WaitTimeout and
 //	                                         replays; past it 409, Retry-After
+//	                                         (both modes)
+//	same key, outcome unknown (ModeLease,    409 needs-review, until an
+//	AtMostOnce)                              operator resolves it
+//	same key, resolved by an operator        the resolution: an envelope is
+//	                                         replayed; other JSON is 200 with it
+//	                                         (succeeded) or 422 (failed)
+//	same key, cancelled by an operator       422
 //	same key, other method, path or body     422
 //	no key (Config.KeyRequired), a malformed
 //	key, a key over Config.MaxKeyLength      400
@@ -100,6 +109,7 @@
 //	request body over Config.MaxRequestBytes 413
 //	response over Config.MaxResponseBytes    500, nothing stored, rolled back
 //	a key whose response was pruned          422 (its tombstone remains)
+//	the store unreachable for WaitTimeout    503, Retry-After; nothing ran
 //
 // Errors are RFC 9457 problem details (application/problem+json) whose type
 // starts with [ProblemTypeBase]. A request is the same request when its
@@ -107,8 +117,19 @@
 // form (RFC 8785), so re-encoding it changes nothing. Keys are scoped by
 // [Config.ScopeFunc]: two accounts may use the same key without meeting.
 //
-// The key is sent as a structured-field string ("…") as the draft
-// specifies, or bare, as Stripe's clients send it; both name the same key.
+// The key is sent as a structured-field string ("…", RFC 8941 §3.3.3) as
+// the draft specifies, or bare, as Stripe's clients send it; both name the
+// same key: "k-1" and k-1 are one key. In the quoted form the only escapes
+// are \" and \\; any other backslash, a control character, a character
+// past ASCII or anything after the closing quote (parameters included) is
+// a 400.
+//
+// A duplicate is never answered with a server error for a key whose
+// outcome is stored or still being made: it waits, replays or gets a 409.
+// In [ModeLease] a claim that fails transiently (no free connection within
+// the client's StatementTimeout, too many connections, a dropped one) is
+// tried again within WaitTimeout. A store that stays unreachable gets a
+// 503 with Retry-After, and then this request ran nothing.
 //
 // # Storage
 //

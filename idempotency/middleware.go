@@ -13,7 +13,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgonce/pgonce/httpprovider"
+	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -57,7 +57,9 @@ const (
 	// claimed in flight under a lease, as [outbox.Client.Do] does, the
 	// handler runs under the client's CallTimeout, and its response is
 	// stored once it returns, whatever its status (but a 5xx on an
-	// [outbox.IdempotentByKey] route, which is no outcome). A request
+	// [outbox.IdempotentByKey] route, which is no outcome). A duplicate
+	// that arrives while it runs waits for it up to [Config.WaitTimeout]
+	// and replays its response, as in ModeTx. A request
 	// abandoned mid-way (a crash, a panic, a timeout) is resolved by the
 	// tool's delivery, as [Register] registered it: [outbox.AtMostOnce]
 	// sends it to review, and the key answers 409 until an operator
@@ -112,7 +114,10 @@ type Config struct {
 	// WaitTimeout is how long a duplicate that arrives while the first
 	// request of its key is running waits for it, then replays its
 	// response; past it the duplicate is answered 409 with Retry-After.
-	// Defaults to [WaitTimeoutDefault].
+	// It applies in both modes: in [ModeTx] the duplicate waits on the
+	// key's row lock, in [ModeLease] for the key's outcome. In ModeLease a
+	// claim that fails transiently is tried again within it too. Defaults
+	// to [WaitTimeoutDefault].
 	WaitTimeout time.Duration
 }
 
@@ -323,6 +328,7 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 
 	rec := newRecorder(m.config.MaxResponseBytes)
 	next.ServeHTTP(rec, r.WithContext(context.WithValue(context.WithValue(ctx, txKey{}, tx), keyKey{}, claimed.Key)))
+	rec.finish()
 	switch {
 	case rec.tooLarge:
 		writeProblem(w, http.StatusInternalServerError, "response-too-large", "Response is too large to store",
@@ -352,7 +358,27 @@ func (m *Middleware[TTx]) serve(w http.ResponseWriter, r *http.Request, next htt
 	rec.send(w, rec.header)
 }
 
-// serveLease runs the request as [outbox.Client.Do] runs a provider.
+// Bounds of a lease-mode duplicate's wait (see [Middleware.serveLease]).
+const (
+	// leaseWaitSlice bounds one [outbox.Client.Wait] of a duplicate: a key
+	// that a keyed route's 5xx put back to pending never leaves pending by
+	// itself, so the duplicate looks again at least this often, and runs
+	// the handler itself once the key is free.
+	leaseWaitSlice = 500 * time.Millisecond
+	// leaseRetryMin and leaseRetryMax bound the backoff between two claims
+	// that failed transiently (a pool with no free connection within
+	// StatementTimeout, too many connections, a dropped one).
+	leaseRetryMin = 20 * time.Millisecond
+	leaseRetryMax = 500 * time.Millisecond
+)
+
+// serveLease runs the request as [outbox.Client.Do] runs a provider. A
+// duplicate that finds the key held by a running request waits for its
+// outcome up to [Config.WaitTimeout], as in [ModeTx], and replays it; past
+// it the answer is 409 with Retry-After. A claim that fails transiently is
+// tried again within the same window: under load a pool may have no
+// connection to give within the client's StatementTimeout, and that is no
+// reason to answer a duplicate with a server error.
 func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, next http.Handler, call outbox.Call) {
 	var (
 		ran      *recorder
@@ -362,6 +388,7 @@ func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, nex
 	handler := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 		rec := newRecorder(m.config.MaxResponseBytes)
 		next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, keyKey{}, req.Key)))
+		rec.finish()
 		if rec.tooLarge {
 			// The handler may have acted: its outcome is unknown.
 			return nil, outbox.Ambiguous(errResponseTooLarge)
@@ -377,33 +404,139 @@ func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, nex
 		ran, encoded = rec, stored
 		return stored, err
 	})
-	res, err := m.client.Do(r.Context(), call, handler)
+	ctx := r.Context()
+	waitCtx, cancel := context.WithTimeout(ctx, m.config.WaitTimeout)
+	defer cancel()
+	held := false // another request was seen holding the key
+	backoff := leaseRetryMin
+	for {
+		res, err := m.client.Do(ctx, call, handler)
+		if ran != nil || unstored != nil {
+			// This request ran the handler: its answer is the one to send.
+			m.answerRan(w, res, err, ran, encoded, unstored)
+			return
+		}
+		switch {
+		case err == nil:
+			m.answer(w, res)
+			return
+		case errors.Is(err, outbox.ErrInProgress) && res.State == outbox.StateInFlight:
+			held = true
+			sliceCtx, cancelSlice := context.WithTimeout(waitCtx, leaseWaitSlice)
+			res, err = m.client.Wait(sliceCtx, res.Key)
+			cancelSlice()
+			switch {
+			case err == nil:
+				m.answer(w, res)
+				return
+			case ctx.Err() != nil || !errors.Is(err, outbox.ErrInProgress) && !store.IsTransient(err):
+				m.writeError(w, err)
+				return
+			}
+			// Still held, or the store did not answer in time: look again,
+			// at once, as long as the duplicate may wait. A key a keyed
+			// route's 5xx put back to pending is claimed by the next Do.
+			backoff = leaseRetryMin
+		case errors.Is(err, outbox.ErrInProgress):
+			held = true // pending, and not claimable right now
+			sleep(waitCtx, &backoff)
+		case ctx.Err() != nil || !store.IsTransient(err):
+			m.writeError(w, err)
+			return
+		default:
+			// A transient failure before anything ran: nothing was claimed
+			// by this request, and trying again is safe.
+			sleep(waitCtx, &backoff)
+		}
+		if waitCtx.Err() != nil {
+			if held {
+				err = &outbox.InProgressError{Key: res.Key, RetryAfter: m.config.RetryAfter}
+			}
+			m.writeError(w, err)
+			return
+		}
+	}
+}
+
+// sleep waits for *backoff or until ctx is done, and doubles *backoff up to
+// leaseRetryMax.
+func sleep(ctx context.Context, backoff *time.Duration) {
+	timer := time.NewTimer(*backoff)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	*backoff = min(2**backoff, leaseRetryMax)
+}
+
+// answerRan answers the request whose Do ran the handler.
+func (m *Middleware[TTx]) answerRan(w http.ResponseWriter, res outbox.Result, err error, ran *recorder, encoded json.RawMessage, unstored *recorder) {
 	switch {
 	case err != nil && unstored != nil && errors.Is(err, outbox.ErrProviderFailed):
 		unstored.send(w, unstored.header)
+	case err != nil && ran != nil:
+		// The handler ran, but its response could not be stored: the key
+		// stays in flight, and the reconciler resolves it by the route's
+		// delivery once its lease expires. The client still gets what
+		// happened.
+		m.client.Config().Logger.Error("pgonce: idempotency: the handler's response could not be stored; the key is left to the reconciler",
+			"key", res.Key, "error", err)
+		ran.send(w, ran.header)
 	case err != nil:
 		m.writeError(w, err)
-	case res.State == outbox.StateNeedsReview:
-		writeProblem(w, http.StatusConflict, "needs-review", "The outcome of the request with this Idempotency-Key is unknown",
-			"An operator must resolve it; nothing runs again until then.", 0)
-	case ran != nil && res.State == outbox.StateSucceeded && bytes.Equal(res.Response, encoded):
+	case res.State == outbox.StateSucceeded && ran != nil && bytes.Equal(res.Response, encoded):
 		// This request ran the handler (the first of its key, or the
 		// retry of an abandoned one), and its response is the one stored.
 		ran.send(w, ran.header)
 	default:
-		m.replay(w, res)
+		m.answer(w, res)
 	}
 }
 
-// replay answers with a key's stored outcome.
-func (m *Middleware[TTx]) replay(w http.ResponseWriter, res outbox.Result) {
-	if res.State != outbox.StateSucceeded {
-		m.writeError(w, fmt.Errorf("key %s is %s", res.Key, res.State))
+// answer answers with a key's outcome: its stored response, or why there
+// is none to give.
+func (m *Middleware[TTx]) answer(w http.ResponseWriter, res outbox.Result) {
+	if res.State == outbox.StateNeedsReview {
+		writeProblem(w, http.StatusConflict, "needs-review", "The outcome of the request with this Idempotency-Key is unknown",
+			"An operator must resolve it; nothing runs again until then.", 0)
 		return
 	}
-	resp, err := httpprovider.Decode(res.Response)
-	if err != nil {
-		m.writeError(w, err)
+	m.replay(w, res)
+}
+
+// replay answers with a key's stored outcome: the stored response of a
+// succeeded key, the stored failure of a failed one (an operator may
+// resolve a key either way), with [ReplayedHeader]. A resolution that is
+// not a response envelope is answered as plain JSON: 200 with the JSON for
+// a success, a 422 problem for a failure. A duplicate never gets a server
+// error for an outcome that is stored.
+func (m *Middleware[TTx]) replay(w http.ResponseWriter, res outbox.Result) {
+	var stored json.RawMessage
+	switch res.State {
+	case outbox.StateSucceeded:
+		stored = res.Response
+	case outbox.StateFailed:
+		stored = res.Failure
+	case outbox.StateCancelled:
+		writeProblem(w, http.StatusUnprocessableEntity, "cancelled", "The request with this Idempotency-Key was cancelled",
+			"An operator cancelled it and it never runs; send a new request with a new key.", 0)
+		return
+	case outbox.StateNeedsReview:
+		m.answer(w, res)
+		return
+	default:
+		m.writeError(w, &outbox.InProgressError{Key: res.Key, RetryAfter: m.config.RetryAfter})
+		return
+	}
+	resp, err := decodeStored(stored)
+	switch {
+	case err == nil:
+	case res.State == outbox.StateSucceeded && json.Valid(stored):
+		resp = &httpprovider.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: stored}
+	default:
+		writeProblem(w, http.StatusUnprocessableEntity, "failed", "The request with this Idempotency-Key failed",
+			"Its failure was recorded; send a new request with a new key.", 0)
 		return
 	}
 	for name, values := range resp.Header {
@@ -412,6 +545,29 @@ func (m *Middleware[TTx]) replay(w http.ResponseWriter, res outbox.Result) {
 	w.Header().Set(ReplayedHeader, "true")
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
+}
+
+// decodeStored decodes a stored response envelope. Earlier versions stored
+// a handler that wrote nothing as {"status":0}; that is the empty 200
+// net/http sent, and is replayed as such.
+func decodeStored(stored json.RawMessage) (*httpprovider.Response, error) {
+	resp, err := httpprovider.Decode(stored)
+	if err == nil {
+		return resp, nil
+	}
+	var legacy struct {
+		Status  *int        `json:"status"`
+		Headers http.Header `json:"headers"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(stored))
+	dec.DisallowUnknownFields()
+	if dec.Decode(&legacy) != nil || legacy.Status == nil || *legacy.Status != 0 {
+		return nil, err
+	}
+	if legacy.Headers == nil {
+		legacy.Headers = http.Header{}
+	}
+	return &httpprovider.Response{Status: http.StatusOK, Header: legacy.Headers}, nil
 }
 
 // keep returns the headers of h that are stored.
@@ -449,24 +605,29 @@ func (m *Middleware[TTx]) writeError(w http.ResponseWriter, err error) {
 			"This key was used long ago and its response is no longer kept; use a new key for a new request.", 0)
 	case errors.Is(err, outbox.ErrInvalidCall) || errors.Is(err, outbox.ErrNotCanonical):
 		writeProblem(w, http.StatusBadRequest, "malformed-key", "Idempotency-Key or scope is invalid", err.Error(), 0)
+	case store.IsTransient(err):
+		// The store did not answer in time (no free connection, too many
+		// connections, a dropped one): nothing ran for this request.
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "The request could not be processed now",
+			"Retry later with the same key.", m.config.RetryAfter)
 	default:
 		writeProblem(w, http.StatusInternalServerError, "internal", "The request could not be processed", "Retry later with the same key.", 0)
 	}
 }
 
 // parseKey reads the key from the header's values: one value, an RFC 8941
-// string ("…") as the IETF draft specifies, or a bare token as Stripe's
-// clients send it; printable ASCII, not empty, at most maxLen bytes.
+// sf-string ("…", whose only escapes are \" and \\) as the IETF draft
+// specifies, or a bare token as Stripe's clients send it; printable ASCII,
+// not empty, at most maxLen bytes.
 func parseKey(values []string, maxLen int) (string, error) {
 	if len(values) != 1 {
 		return "", errors.New("send exactly one Idempotency-Key header")
 	}
-	raw := strings.TrimSpace(values[0])
-	key := raw
-	if strings.HasPrefix(raw, `"`) {
-		unquoted, err := strconv.Unquote(raw)
-		if err != nil || strings.ContainsAny(raw[1:len(raw)-1], "\t") {
-			return "", errors.New("the key is not a valid quoted string")
+	key := strings.Trim(values[0], " \t")
+	if strings.HasPrefix(key, `"`) {
+		unquoted, err := parseSFString(key)
+		if err != nil {
+			return "", err
 		}
 		key = unquoted
 	}
@@ -482,6 +643,35 @@ func parseKey(values []string, maxLen int) (string, error) {
 		}
 	}
 	return key, nil
+}
+
+// parseSFString parses s, which starts with a double quote, as an RFC 8941
+// sf-string (§3.3.3, parsed as §4.2.5 says) that makes up the whole field value: printable ASCII
+// between double quotes, where a backslash escapes only a double quote or
+// a backslash. Parameters (;name=value) are not accepted: the draft
+// defines none.
+func parseSFString(s string) (string, error) {
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\':
+			i++
+			if i == len(s) || s[i] != '"' && s[i] != '\\' {
+				return "", errors.New(`the key is not a valid quoted string: a backslash escapes only \" and \\`)
+			}
+			b.WriteByte(s[i])
+		case c == '"':
+			if i != len(s)-1 {
+				return "", errors.New("the key is not a valid quoted string: nothing may follow its closing quote")
+			}
+			return b.String(), nil
+		case c < 0x20 || c > 0x7e:
+			return "", errors.New("the key is not a valid quoted string: printable ASCII only")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", errors.New("the key is not a valid quoted string: no closing quote")
 }
 
 // fingerprint is what identifies a request beside its key: method, path,

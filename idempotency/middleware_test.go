@@ -124,6 +124,11 @@ func (b *testBundle) post(t *testing.T, key, account, body string) answer {
 // send posts body as account with key, for goroutines that must not
 // assert.
 func (b *testBundle) send(ctx context.Context, key, account, body string) (answer, error) {
+	return b.sendHeader(ctx, key, account, body, nil)
+}
+
+// sendHeader is send with header added to the request.
+func (b *testBundle) sendHeader(ctx context.Context, key, account, body string, header http.Header) (answer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.server.URL+"/refunds", strings.NewReader(body))
 	if err != nil {
 		return answer{}, err
@@ -133,6 +138,9 @@ func (b *testBundle) send(ctx context.Context, key, account, body string) (answe
 	}
 	if account != "" {
 		req.Header.Set("Account", account)
+	}
+	for name, values := range header {
+		req.Header[name] = values
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -14,8 +14,9 @@ var errResponseTooLarge = errors.New("idempotency: response exceeds MaxResponseB
 
 // ProblemTypeBase prefixes the type (RFC 9457) of the problems the
 // middleware answers with; the suffix names the problem: missing-key,
-// malformed-key, key-reused, in-progress, key-expired, body-too-large,
-// response-too-large, unauthorized, internal.
+// malformed-key, key-reused, in-progress, needs-review, key-expired,
+// cancelled, failed, body-too-large, response-too-large, unauthorized,
+// unavailable, internal.
 const ProblemTypeBase = "urn:pgonce:idempotency:"
 
 // problem is an RFC 9457 problem detail.

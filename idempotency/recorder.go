@@ -40,14 +40,21 @@ func (r *recorder) Write(p []byte) (int, error) {
 	return r.body.Write(p)
 }
 
+// finish closes the response once the handler returned: a handler that
+// wrote nothing answered 200 with an empty body, as net/http sends it, and
+// that is the response stored and replayed.
+func (r *recorder) finish() {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+}
+
 // send writes the recorded response to w with header.
 func (r *recorder) send(w http.ResponseWriter, header http.Header) {
 	for name, values := range header {
 		w.Header()[name] = values
 	}
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
+	r.finish()
 	w.WriteHeader(r.status)
 	_, _ = w.Write(r.body.Bytes())
 }
