@@ -359,3 +359,32 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	require.Equal(t, 2, strings.Count(steps, "succeeded"), "the resolved step and the refund")
 	browser.screenshot(t, "console-run.png")
 }
+
+// TestBrowserEdges drives Chromium at the console's edges: a token traded
+// at a path a browser reads as another host's stays on the console, and a
+// tenant holding bidi controls reads as stored, its controls visible.
+func TestBrowserEdges(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testBrowserEdges[pgx.Tx], testBrowserEdges[*sql.Tx])
+}
+
+func testBrowserEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	b := setup(t, driver, console.Config{Token: testToken, RefreshSeconds: -1})
+	call := b.call("email")
+	call.Tenant = "acme\u202egnp.exe\u202c"
+	res, err := b.client.Submit(t.Context(), call)
+	require.NoError(t, err)
+	browser := startBrowser(t)
+
+	browser.navigate(t, b.server.URL+"/%5Cevil.example/?token="+testToken)
+	var origin string
+	browser.eval(t, `location.origin`, &origin)
+	require.Equal(t, b.server.URL, origin, "the token trade's redirect stays on the console")
+
+	browser.navigate(t, b.server.URL+"/keys/"+string(res.Key))
+	tenant := browser.text(t, "dl dd:nth-of-type(2)")
+	require.Equal(t, "acme⟨U+202E⟩gnp.exe⟨U+202C⟩", tenant)
+	var body string
+	browser.eval(t, `document.body.innerText`, &body)
+	require.NotContains(t, body, "\u202e")
+}

@@ -1,14 +1,20 @@
 // Package console is the operator console that `pgonce console` serves:
 // server-rendered pages over the public outbox API, with actions that are
 // POSTs behind a CSRF token, a strict Content-Security-Policy and, off
-// loopback, an access token.
+// loopback, an access token, traded once for an expiring session cookie
+// that holds an HMAC, never the token. Pages show stored data with its
+// Unicode bidi controls made visible; bad filters are 400s, and a server
+// error's text stays in the log.
 package console
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,6 +23,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,12 +46,27 @@ type Operator interface {
 // Config configures a console.
 type Config struct {
 	// Token, when not empty, is required of every request: as
-	// "Authorization: Bearer TOKEN", or once as ?token=TOKEN, which sets a
-	// cookie and redirects. Required by [CheckListen] off loopback.
+	// "Authorization: Bearer TOKEN", or once as ?token=TOKEN, which is
+	// traded for a session cookie and a redirect. The cookie holds no
+	// token: it holds an expiry and an HMAC of it keyed by the token, so a
+	// service on another port of the host (browsers send a host's cookies
+	// to every port) learns nothing that outlives SessionLifetime. At least
+	// [TokenMinBytes] bytes ([NewToken] makes one). Required by
+	// [CheckListen] off loopback.
 	Token string
+	// SessionLifetime is how long the session cookie a token is traded for
+	// lasts; then the browser presents the token again. Defaults to
+	// [SessionLifetimeDefault].
+	SessionLifetime time.Duration
+	// SecureCookie marks the console's cookies Secure even though the
+	// request came over plain HTTP: for a console behind a proxy that
+	// terminates TLS, whose browsers must never send the cookies in clear.
+	// A request over TLS gets Secure cookies anyway.
+	SecureCookie bool
 	// ReadOnly hides the actions and refuses every POST.
 	ReadOnly bool
-	// Schema is shown in the page header.
+	// Schema is shown in the page header, to clients that passed the
+	// token and Host checks only.
 	Schema string
 	// RefreshSeconds is how often the overview reloads itself. Defaults to
 	// 10; -1 disables it.
@@ -62,6 +85,29 @@ type Config struct {
 // ErrTokenRequired is returned by [CheckListen] for an address that is
 // not loopback when no token is configured.
 var ErrTokenRequired = errors.New("a non-loopback listen address requires a token")
+
+// ErrTokenTooShort is returned by [CheckToken] and [New] for a token of
+// fewer than [TokenMinBytes] bytes.
+var ErrTokenTooShort = errors.New("the console token is too short")
+
+const (
+	// TokenMinBytes is the shortest token the console accepts.
+	TokenMinBytes = 16
+	// SessionLifetimeDefault is the default [Config.SessionLifetime].
+	SessionLifetimeDefault = 12 * time.Hour
+)
+
+// CheckToken refuses a token that is set but shorter than [TokenMinBytes],
+// with an error matching [ErrTokenTooShort]. An empty token is no token.
+func CheckToken(token string) error {
+	if token != "" && len(token) < TokenMinBytes {
+		return fmt.Errorf("%w: it has %d bytes, at least %d are required; leave it out to have one generated", ErrTokenTooShort, len(token), TokenMinBytes)
+	}
+	return nil
+}
+
+// NewToken returns a random token: 32 hex digits, 128 bits.
+func NewToken() string { return newSecret() }
 
 // CheckListen refuses to serve on an address other than loopback without
 // a token: the console changes keys, and anyone who reaches it could.
@@ -91,8 +137,8 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 const (
-	cookieCSRF  = "pgonce_console_csrf"
-	cookieToken = "pgonce_console_token" //nolint:gosec // a cookie name, not a credential
+	cookieCSRF    = "pgonce_console_csrf"
+	cookieSession = "pgonce_console_session"
 	// csp allows nothing but the console's own stylesheet and images and
 	// forms posted back to it: no script of any origin, inline or not.
 	csp = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -113,6 +159,15 @@ type Handler struct {
 func New(ops Operator, config Config) (*Handler, error) {
 	if ops == nil {
 		return nil, errors.New("console: Operator is required")
+	}
+	if err := CheckToken(config.Token); err != nil {
+		return nil, err
+	}
+	if config.SessionLifetime < 0 {
+		return nil, errors.New("console: SessionLifetime must not be negative")
+	}
+	if config.SessionLifetime == 0 {
+		config.SessionLifetime = SessionLifetimeDefault
 	}
 	if config.RefreshSeconds == 0 {
 		config.RefreshSeconds = 10
@@ -158,7 +213,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Without a token the console trusts loopback; a page elsewhere that
 		// resolves its own name to 127.0.0.1 (DNS rebinding) sends its own
 		// Host, and is refused.
-		h.refuse(w, r, http.StatusForbidden, "This console serves loopback host names only (Host "+r.Host+"). Start it with --token to serve others.")
+		h.refuseAnonymous(w, r, http.StatusForbidden, "This console serves loopback host names only (Host "+r.Host+"). Start it with --token to serve others.")
 		return
 	}
 	if h.tokenSet && !h.authorized(w, r) {
@@ -185,26 +240,68 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 	if auth, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(auth, h.config.Token) {
 		return true
 	}
-	if c, err := r.Cookie(cookieToken); err == nil && equal(c.Value, h.config.Token) {
+	if c, err := r.Cookie(cookieSession); err == nil && h.validSession(c.Value) {
 		return true
 	}
 	if q := r.URL.Query().Get("token"); q != "" && r.Method == http.MethodGet {
 		if equal(q, h.config.Token) {
-			http.SetCookie(w, sessionCookie(r, cookieToken, q))
+			cookie := h.cookie(r, cookieSession, h.newSession()) //nolint:gosec // HttpOnly, SameSite=Strict; Secure over TLS or by Config.SecureCookie
+			cookie.MaxAge = int(h.config.SessionLifetime / time.Second)
+			http.SetCookie(w, cookie)
 			// Back to the same page without the token in its address (and
-			// so in the history). The target is a path of this console.
+			// so in the history).
 			query := r.URL.Query()
 			query.Del("token")
-			target := "/" + strings.TrimLeft(r.URL.Path, "/")
-			if len(query) > 0 {
-				target += "?" + query.Encode()
-			}
-			http.Redirect(w, r, target, http.StatusSeeOther) //nolint:gosec // target is a local path: leading slashes are trimmed to one
+			http.Redirect(w, r, localTarget(r.URL.EscapedPath(), query), http.StatusSeeOther) //nolint:gosec // localTarget admits only this console's paths
 			return false
 		}
 	}
-	h.refuse(w, r, http.StatusUnauthorized, "This console needs its token: open it as /?token=TOKEN, or send Authorization: Bearer TOKEN.")
+	h.refuseAnonymous(w, r, http.StatusUnauthorized, "This console needs its token: open it as /?token=TOKEN, or send Authorization: Bearer TOKEN.")
 	return false
+}
+
+// localTarget is a redirect target that stays on this console: path with
+// query, or "/" for a path that a browser could read as another host's
+// ("//host", "/\host" and their escaped spellings) or that is no
+// absolute path.
+func localTarget(path string, query url.Values) string {
+	unescaped, err := url.PathUnescape(path)
+	if err != nil || !strings.HasPrefix(path, "/") || strings.HasPrefix(path, "//") ||
+		strings.HasPrefix(unescaped, "//") || strings.ContainsAny(unescaped, "\\\x00\r\n\t") {
+		path, query = "/", nil
+	}
+	if len(query) > 0 {
+		return path + "?" + query.Encode()
+	}
+	return path
+}
+
+// newSession returns a session cookie's value: its expiry in Unix seconds
+// and an HMAC-SHA256 of it keyed by the token. It proves that the browser
+// once presented the token, and reveals nothing of it.
+func (h *Handler) newSession() string {
+	expiry := strconv.FormatInt(h.config.NowFunc().Add(h.config.SessionLifetime).Unix(), 10)
+	return expiry + "." + h.sessionMAC(expiry)
+}
+
+func (h *Handler) sessionMAC(expiry string) string {
+	mac := hmac.New(sha256.New, []byte(h.config.Token))
+	_, _ = mac.Write([]byte("pgonce console session\x00" + expiry))
+	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// validSession reports whether value is a session this console's token
+// made, and not expired.
+func (h *Handler) validSession(value string) bool {
+	expiry, mac, ok := strings.Cut(value, ".")
+	if !ok {
+		return false
+	}
+	unix, err := strconv.ParseInt(expiry, 10, 64)
+	if err != nil || h.config.NowFunc().Unix() >= unix {
+		return false
+	}
+	return hmac.Equal([]byte(mac), []byte(h.sessionMAC(expiry)))
 }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
@@ -216,18 +313,19 @@ func (h *Handler) ensureCSRFCookie(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	secret := newSecret()
-	cookie := sessionCookie(r, cookieCSRF, secret)
+	cookie := h.cookie(r, cookieCSRF, secret)
 	http.SetCookie(w, cookie)
 	r.AddCookie(cookie)
 }
 
-// sessionCookie is an HttpOnly, SameSite=Strict cookie for the whole
-// console, Secure when the request came over TLS (the console itself
-// serves plain HTTP, on loopback unless a token is set).
-func sessionCookie(r *http.Request, name, value string) *http.Cookie {
-	return &http.Cookie{ //nolint:gosec // Secure over TLS only: the console serves plain HTTP
+// cookie is an HttpOnly, SameSite=Strict cookie for the whole console,
+// Secure when the request came over TLS or [Config.SecureCookie] says a
+// proxy in front terminates it (the console itself serves plain HTTP, on
+// loopback unless a token is set).
+func (h *Handler) cookie(r *http.Request, name, value string) *http.Cookie {
+	return &http.Cookie{ //nolint:gosec // Secure over TLS or by Config.SecureCookie: the console serves plain HTTP
 		Name: name, Value: value, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || h.config.SecureCookie,
 	}
 }
 

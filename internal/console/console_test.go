@@ -571,14 +571,14 @@ func testRefusals[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 	t.Run("Token", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, driver, console.Config{Token: "s3cret"})
+		b := setup(t, driver, console.Config{Token: testToken})
 		key := b.needsReview(t)
 		before := b.inspect(t, key)
 		status, page := b.get(t, "/")
 		require.Equal(t, http.StatusUnauthorized, status, page)
 		require.Contains(t, page, "needs its token")
 		require.NotContains(t, page, "email")
-		status, _ = b.get(t, "/?token=wrong")
+		status, _ = b.get(t, "/?token=wrong-but-long-enough-token")
 		require.Equal(t, http.StatusUnauthorized, status)
 		status, _ = b.send(t, http.MethodGet, "/", nil, http.Header{"Authorization": {"Bearer wrong"}})
 		require.Equal(t, http.StatusUnauthorized, status)
@@ -586,9 +586,9 @@ func testRefusals[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Equal(t, http.StatusUnauthorized, status)
 		unchanged(t, b, key, before)
 
-		status, _ = b.send(t, http.MethodGet, "/", nil, http.Header{"Authorization": {"Bearer s3cret"}})
+		status, _ = b.send(t, http.MethodGet, "/", nil, http.Header{"Authorization": {"Bearer " + testToken}})
 		require.Equal(t, http.StatusOK, status)
-		status, _ = b.get(t, "/keys?token=s3cret")
+		status, _ = b.get(t, "/keys?token="+testToken)
 		require.Equal(t, http.StatusSeeOther, status, "the token is traded for a cookie")
 		status, page = b.get(t, "/keys")
 		require.Equal(t, http.StatusOK, status, page)
@@ -616,7 +616,7 @@ func TestCheckListen(t *testing.T) {
 	for _, addr := range []string{"0.0.0.0:8480", ":8480", "[::]:8480", "10.1.2.3:8480", "example.com:80"} {
 		err := console.CheckListen(addr, "")
 		require.ErrorIs(t, err, console.ErrTokenRequired, addr)
-		require.NoError(t, console.CheckListen(addr, "tok"), addr)
+		require.NoError(t, console.CheckListen(addr, testToken), addr)
 	}
-	require.Error(t, console.CheckListen("no-port", "tok"))
+	require.Error(t, console.CheckListen("no-port", testToken))
 }

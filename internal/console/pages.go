@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/outbox"
@@ -53,8 +55,9 @@ func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
 		"ago":      ago,
 		"time":     func(t time.Time) string { return formatTime(t) },
-		"join":     func(ss []string) string { return strings.Join(ss, ", ") },
+		"join":     func(ss []string) string { return visible(strings.Join(ss, ", ")) },
 		"delivery": deliveryName,
+		"show":     visible,
 	}
 	h.pages = make(map[string]*template.Template)
 	for _, name := range []string{"overview", "keys", "run", "key", "confirm", "result", "error"} {
@@ -87,18 +90,18 @@ func formatTime(t time.Time) string {
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	refresh := 0
+	h.renderPage(w, r, status, name, page{Title: visible(title), Schema: h.config.Schema, ReadOnly: h.config.ReadOnly, Data: data})
+}
+
+func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	if name == "overview" && h.config.RefreshSeconds > 0 {
-		refresh = h.config.RefreshSeconds
+		p.Refresh = h.config.RefreshSeconds
 	}
+	p.CSRF = csrfToken(r)
 	var buf bytes.Buffer
-	err := h.pages[name].Execute(&buf, page{
-		Title: title, Schema: h.config.Schema, ReadOnly: h.config.ReadOnly,
-		Refresh: refresh, CSRF: csrfToken(r), Data: data,
-	})
-	if err != nil {
+	if err := h.pages[name].Execute(&buf, p); err != nil {
 		h.config.Logger.Error("console: render", "page", name, "err", err)
-		http.Error(w, "render: "+err.Error(), http.StatusInternalServerError)
+		http.Error(w, "The page could not be rendered; the error is in the console's log.", http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -108,12 +111,46 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 
 // refuse renders an error page with status.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	h.render(w, r, status, "error", http.StatusText(status), struct{ Status, Message string }{
-		Status: strconv.Itoa(status) + " " + http.StatusText(status), Message: msg,
-	})
+	h.render(w, r, status, "error", http.StatusText(status), errorPage(status, msg))
 }
 
-// fail renders err in words, with the status it calls for.
+// refuseAnonymous is refuse for a client that has not passed the token or
+// Host checks: the page names no schema.
+func (h *Handler) refuseAnonymous(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	h.renderPage(w, r, status, "error", page{Title: http.StatusText(status), Data: errorPage(status, msg)})
+}
+
+func errorPage(status int, msg string) any {
+	return struct{ Status, Message string }{Status: strconv.Itoa(status) + " " + http.StatusText(status), Message: visible(msg)}
+}
+
+// visible makes the Unicode bidi controls in s visible as ⟨U+202E⟩ and
+// the like: shown raw, they reorder the text around them (a tenant
+// "acme\u202egnp.exe" reads as "acmeexe.png"), so that a page would show
+// another string than the one stored. Every piece of stored or requested
+// data a page shows goes through it; the raw bytes stay downloadable.
+func visible(s string) string {
+	if !strings.ContainsFunc(s, isBidiControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, c := range s {
+		if isBidiControl(c) {
+			fmt.Fprintf(&b, "⟨U+%04X⟩", c)
+			continue
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// isBidiControl reports whether c is a Unicode bidi control: U+061C,
+// U+200E, U+200F, U+202A to U+202E and U+2066 to U+2069.
+func isBidiControl(c rune) bool { return unicode.Is(unicode.Bidi_Control, c) }
+
+// fail renders err in words, with the status it calls for. An error the
+// request did not cause is logged, and the page says only that: its text
+// may be the database's.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusInternalServerError
 	switch {
@@ -127,6 +164,8 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusConflict
 	default:
 		h.config.Logger.Error("console", "path", r.URL.Path, "err", err)
+		h.refuse(w, r, status, "The console could not do this; the error is in its log.")
+		return
 	}
 	h.refuse(w, r, status, err.Error())
 }
@@ -232,6 +271,12 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 			filter.States = append(filter.States, outbox.State(s))
 		}
 	}
+	for _, field := range [...]struct{ name, value string }{{"tool", filter.Tool}, {"tenant", filter.Tenant}, {"run", filter.RunID}} {
+		if problem := filterProblem(field.value); problem != "" {
+			h.refuse(w, r, http.StatusBadRequest, field.name+": "+problem)
+			return
+		}
+	}
 	params := outbox.ListParams{
 		States: filter.States, Tool: filter.Tool, Tenant: filter.Tenant, RunID: filter.RunID,
 		Cursor: q.Get("cursor"), Limit: pageSize,
@@ -281,6 +326,23 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 		Keys   []outbox.ListedKey
 		Next   string
 	}{filter, boxes, res.Keys, next})
+}
+
+// filterProblem says what is wrong with a list filter's value, as
+// [outbox.Client.Run] says it of a run's tenant and id, or returns "": no
+// stored tenant, run id or tool is longer than [outbox.CallStringMaxBytes],
+// invalid UTF-8 or holds a NUL, so no such filter matches anything, and
+// PostgreSQL would refuse the last two.
+func filterProblem(value string) string {
+	switch {
+	case len(value) > outbox.CallStringMaxBytes:
+		return fmt.Sprintf("must be at most %d bytes, got %d", outbox.CallStringMaxBytes, len(value))
+	case !utf8.ValidString(value):
+		return "must be valid UTF-8"
+	case strings.IndexByte(value, 0) >= 0:
+		return "must not contain NUL bytes"
+	}
+	return ""
 }
 
 // runPageSize is how many steps the run page shows at once.
@@ -340,11 +402,11 @@ func newBody(key outbox.Key, part string, raw []byte) *body {
 	if len(shown) > displayMax {
 		shown, b.Truncated = shown[:displayMax], true
 	}
-	b.Shown = strings.ToValidUTF8(string(shown), "\uFFFD")
+	b.Shown = visible(strings.ToValidUTF8(string(shown), "\uFFFD"))
 	if len(raw) <= prettyMax && json.Valid(raw) {
 		var out bytes.Buffer
 		if json.Indent(&out, raw, "", "  ") == nil && out.Len() <= displayMax {
-			b.Pretty = strings.ToValidUTF8(out.String(), "\uFFFD")
+			b.Pretty = visible(strings.ToValidUTF8(out.String(), "\uFFFD"))
 		}
 	}
 	return b
@@ -372,7 +434,7 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	}
 	meta := make([]metaEntry, 0, len(in.Metadata))
 	for name, value := range in.Metadata {
-		meta = append(meta, metaEntry{name, value})
+		meta = append(meta, metaEntry{visible(name), visible(value)})
 	}
 	slices.SortFunc(meta, func(a, b metaEntry) int { return strings.Compare(a.Name, b.Name) })
 	h.render(w, r, http.StatusOK, "key", "Key "+string(in.Key), struct {

@@ -1,0 +1,298 @@
+package console_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"html"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/console"
+	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// noRedirects is a client without cookies that shows redirects.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// testToken is a token of the length the console requires.
+const testToken = "0123456789abcdef-console-token"
+
+// bidi holds every Unicode bidi control.
+const bidi = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+// formValues matches what a page gives back to the console when a form is
+// sent: input values and textarea contents, which stay as they are.
+var formValues = regexp.MustCompile(`(?s) value="[^"]*"|<textarea[^>]*>.*?</textarea>`)
+
+// requireNoRawBidi fails t when page shows a bidi control raw anywhere
+// but in a form's values.
+func requireNoRawBidi(t *testing.T, path, page string) {
+	t.Helper()
+	shown := formValues.ReplaceAllString(page, "")
+	i := strings.IndexFunc(shown, func(c rune) bool { return unicode.Is(unicode.Bidi_Control, c) })
+	if i >= 0 {
+		require.FailNow(t, "a bidi control is shown raw", "%s: %q", path, shown[max(0, i-60):min(len(shown), i+60)])
+	}
+}
+
+func TestEdges(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testEdges[pgx.Tx], testEdges[*sql.Tx])
+}
+
+func testEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Run("BidiControlsShownVisiblyEverywhere", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		tenant, run := "acme\u202egnp.exe\u202c", "run\u2066-7\u2069"
+		call := outbox.Call{
+			Tenant: tenant, RunID: run, Step: 1, Tool: "email",
+			Args:     map[string]any{"to": "ana\u202e@example.com" + bidi, "n": 1},
+			Metadata: map[string]string{"ticket\u200f": "OPS\u202e-7", "all": bidi},
+		}
+		res, err := b.client.Do(t.Context(), call, outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			return nil, outbox.Ambiguous(errors.New("timeout \u202eat the provider" + bidi))
+		}))
+		require.NoError(t, err)
+		require.Equal(t, outbox.StateNeedsReview, res.State)
+		key := res.Key
+		pendingCall := call
+		pendingCall.Step, pendingCall.Tool = 2, "refund"
+		_, err = b.client.Submit(t.Context(), pendingCall)
+		require.NoError(t, err)
+
+		pages := []string{
+			"/", "/keys", "/keys?tenant=" + url.QueryEscape(tenant), "/keys?run=" + url.QueryEscape(run),
+			"/run?run=" + url.QueryEscape(run) + "&tenant=" + url.QueryEscape(tenant),
+			"/keys/" + string(key), "/keys/" + string(key) + "/resolve",
+		}
+		for _, path := range pages {
+			status, page := b.get(t, path)
+			require.Equal(t, http.StatusOK, status, path+": "+page)
+			requireNoRawBidi(t, path, page)
+		}
+		_, page := b.get(t, "/keys/"+string(key))
+		page = html.UnescapeString(page)
+		require.Contains(t, page, "acme⟨U+202E⟩gnp.exe⟨U+202C⟩", "the tenant as stored, its controls visible")
+		require.Contains(t, page, "run⟨U+2066⟩-7⟨U+2069⟩")
+		require.Contains(t, page, "OPS⟨U+202E⟩-7")
+		require.Contains(t, page, "ticket⟨U+200F⟩")
+		require.Contains(t, page, "timeout ⟨U+202E⟩at the provider⟨U+061C⟩⟨U+200E⟩⟨U+200F⟩⟨U+202A⟩⟨U+202B⟩⟨U+202C⟩⟨U+202D⟩⟨U+202E⟩⟨U+2066⟩⟨U+2067⟩⟨U+2068⟩⟨U+2069⟩")
+		require.Contains(t, page, "ana⟨U+202E⟩@example.com", "the arguments")
+
+		// The raw bytes stay downloadable as they are.
+		_, raw := b.get(t, "/keys/"+string(key)+"/raw/args")
+		require.Contains(t, raw, "ana\u202e@example.com")
+
+		// An action's name and reason, on the result page and the key's
+		// history.
+		csrf := b.confirm(t, key, "resolve")
+		status, page := b.send(t, http.MethodPost, "/keys/"+string(key)+"/resolve", url.Values{
+			"csrf": {csrf}, "outcome": {"succeeded"}, "body": {`{"sent":true}`},
+			"by": {"ana\u202e"}, "reason": {"checked\u2067 the log" + bidi},
+		}, nil)
+		require.Equal(t, http.StatusOK, status, page)
+		requireNoRawBidi(t, "result", page)
+		require.Contains(t, html.UnescapeString(page), "ana⟨U+202E⟩")
+		_, page = b.get(t, "/keys/"+string(key))
+		requireNoRawBidi(t, "/keys/"+string(key), page)
+		require.Contains(t, html.UnescapeString(page), "checked⟨U+2067⟩ the log")
+
+		// A malformed filter is echoed in the error page visibly too.
+		_, page = b.get(t, "/keys?cursor="+url.QueryEscape("x\u202ey"))
+		requireNoRawBidi(t, "bad cursor", page)
+	})
+
+	t.Run("BadListFiltersAre400WithoutDatabaseText", func(t *testing.T) {
+		t.Parallel()
+		logger, logs := pgoncetest.CaptureLogs()
+		b := setup(t, driver, console.Config{Logger: logger})
+		b.needsReview(t)
+		huge := strings.Repeat("t", 100<<10)
+		for _, field := range []string{"tenant", "tool", "run"} {
+			for _, value := range []string{"a\x00b", "\xff\xfe", huge} {
+				path := "/keys?" + field + "=" + url.QueryEscape(value)
+				status, page := b.get(t, path)
+				require.Equal(t, http.StatusBadRequest, status, "%s=%.40q: %.400s", field, value, page)
+				require.Contains(t, page, `id="problem"`)
+				require.Contains(t, page, field+": must ")
+				for _, text := range []string{"SQLSTATE", "22021", "invalid byte sequence", "pgonce_key"} {
+					require.NotContains(t, page, text)
+				}
+			}
+		}
+		for _, record := range logs.Records() {
+			require.Less(t, record.Level, slog.LevelError, "nothing logged at ERROR: %s %v", record.Message, record.Attrs)
+		}
+	})
+
+	t.Run("ServerErrorsShowNoDatabaseText", func(t *testing.T) {
+		t.Parallel()
+		logger, logs := pgoncetest.CaptureLogs()
+		b := setup(t, driver, console.Config{Logger: logger})
+		// The key table out of the way, every read fails in the database.
+		table := ident.Quote(b.schema) + ".pgonce_key"
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `ALTER TABLE `+table+` RENAME TO pgonce_key_away`)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := pgoncetest.Pool(t).Exec(context.WithoutCancel(t.Context()), `ALTER TABLE `+ident.Quote(b.schema)+`.pgonce_key_away RENAME TO pgonce_key`)
+			require.NoError(t, err)
+		})
+		status, page := b.get(t, "/keys")
+		require.Equal(t, http.StatusInternalServerError, status)
+		require.Contains(t, page, "the error is in its log")
+		require.NotContains(t, page, "pgonce_key")
+		require.NotContains(t, page, "SQLSTATE")
+		require.NotEmpty(t, logs.Matching(func(r pgoncetest.LogRecord) bool { return r.Level == slog.LevelError }), "the operator finds it in the log")
+	})
+
+	t.Run("TokenTradeRedirectsOnlyWithinTheConsole", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{Token: testToken})
+		for path, want := range map[string]string{
+			"/%5Cevil.example/":          "/",
+			"/%5cevil.example/x":         "/",
+			"/%2F%5Cevil.example/":       "/",
+			"/%2F%2Fevil.example/":       "/",
+			"/%09/evil.example/":         "/",
+			"/keys":                      "/keys",
+			"/keys/k1_00/resolve":        "/keys/k1_00/resolve",
+			"/keys?state=needs_review":   "/keys?state=needs_review",
+			"/keys?tenant=a%5Cb&state=x": "/keys?state=x&tenant=a%5Cb",
+		} {
+			sep := "?"
+			if strings.Contains(path, "?") {
+				sep = "&"
+			}
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, b.server.URL+path+sep+"token="+testToken, nil)
+			require.NoError(t, err)
+			// A browser without the session cookie: each request trades.
+			resp, err := noRedirects.Do(req)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			require.Equal(t, http.StatusSeeOther, resp.StatusCode, path)
+			require.Equal(t, want, resp.Header.Get("Location"), path)
+		}
+	})
+
+	t.Run("SessionCookieHoldsNoTokenAndExpires", func(t *testing.T) {
+		t.Parallel()
+		var now atomic.Int64
+		now.Store(time.Date(2026, 1, 2, 15, 4, 0, 0, time.UTC).Unix())
+		b := setup(t, driver, console.Config{
+			Token: testToken, SessionLifetime: time.Hour,
+			NowFunc: func() time.Time { return time.Unix(now.Load(), 0) },
+		})
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, b.server.URL+"/keys?token="+testToken, nil)
+		require.NoError(t, err)
+		resp, err := b.browser.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		var session *http.Cookie
+		for _, c := range resp.Cookies() {
+			if c.Name == "pgonce_console_session" {
+				session = c
+			}
+		}
+		require.NotNil(t, session, "a session cookie")
+		require.NotContains(t, session.Value, testToken)
+		require.NotContains(t, resp.Header.Get("Set-Cookie"), testToken)
+		require.Equal(t, 3600, session.MaxAge)
+		require.True(t, session.HttpOnly)
+		require.Equal(t, http.SameSiteStrictMode, session.SameSite)
+		require.False(t, session.Secure, "plain HTTP, no SecureCookie")
+
+		status, _ := b.get(t, "/keys")
+		require.Equal(t, http.StatusOK, status, "the session lets the browser in")
+		now.Add(3599)
+		status, _ = b.get(t, "/keys")
+		require.Equal(t, http.StatusOK, status)
+		now.Add(1)
+		status, _ = b.get(t, "/keys")
+		require.Equal(t, http.StatusUnauthorized, status, "the session expired")
+
+		for _, value := range []string{testToken, session.Value + "x", "99999999999." + strings.SplitN(session.Value, ".", 2)[1]} {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, b.server.URL+"/keys", nil)
+			require.NoError(t, err)
+			req.AddCookie(&http.Cookie{Name: "pgonce_console_session", Value: value})
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "forged session %q", value)
+		}
+	})
+
+	t.Run("SecureCookieBehindATLSProxy", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{Token: testToken, SecureCookie: true})
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, b.server.URL+"/?token="+testToken, nil)
+		require.NoError(t, err)
+		resp, err := b.browser.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.NotEmpty(t, resp.Cookies())
+		for _, c := range resp.Cookies() {
+			require.True(t, c.Secure, c.Name)
+		}
+	})
+
+	t.Run("UnauthenticatedClientsSeeNoSchema", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{Token: testToken})
+		status, page := b.get(t, "/")
+		require.Equal(t, http.StatusUnauthorized, status)
+		require.NotContains(t, page, b.schema)
+		require.NotContains(t, page, "schema")
+
+		open := setup(t, driver, console.Config{})
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, open.server.URL+"/", nil)
+		require.NoError(t, err)
+		req.Host = "attacker.example:8480"
+		resp, err := open.browser.Do(req)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusForbidden, resp.StatusCode)
+		forbidden, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.NotContains(t, string(forbidden), open.schema)
+
+		status, page = b.send(t, http.MethodGet, "/", nil, http.Header{"Authorization": {"Bearer " + testToken}})
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, page, "schema "+b.schema, "shown once authenticated")
+	})
+}
+
+func TestShortTokenRefused(t *testing.T) {
+	t.Parallel()
+	for _, token := range []string{"s3cret", strings.Repeat("x", console.TokenMinBytes-1)} {
+		_, err := console.New(nilOperator{}, console.Config{Token: token})
+		require.ErrorIs(t, err, console.ErrTokenTooShort)
+		require.ErrorIs(t, console.CheckToken(token), console.ErrTokenTooShort)
+	}
+	require.NoError(t, console.CheckToken(""))
+	require.NoError(t, console.CheckToken(strings.Repeat("x", console.TokenMinBytes)))
+	require.Len(t, console.NewToken(), 32)
+	first, second := console.NewToken(), console.NewToken()
+	require.NotEqual(t, first, second)
+	require.NoError(t, console.CheckToken(console.NewToken()))
+}
+
+// nilOperator is an Operator for tests that never reach it.
+type nilOperator struct{ console.Operator }
