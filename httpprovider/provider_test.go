@@ -199,7 +199,8 @@ func TestCall(t *testing.T) {
 	t.Run("TimeoutAfterWriteIsAmbiguous", func(t *testing.T) {
 		t.Parallel()
 		done := make(chan struct{})
-		p := answering(t, httpprovider.Config{Timeout: 50 * time.Millisecond}, func(_ http.ResponseWriter, r *http.Request) {
+		// Long enough for the request to be written on a busy machine.
+		p := answering(t, httpprovider.Config{Timeout: time.Second}, func(_ http.ResponseWriter, r *http.Request) {
 			select {
 			case <-r.Context().Done():
 			case <-done:

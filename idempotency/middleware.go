@@ -444,8 +444,9 @@ func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, nex
 			m.writeError(w, err)
 			return
 		default:
-			// A transient failure before anything ran: nothing was claimed
-			// by this request, and trying again is safe.
+			// A transient failure before the handler ran: trying again is
+			// safe. (A claim that committed but whose reply was lost is
+			// found held by the next Do, and waited on.)
 			sleep(waitCtx, &backoff)
 		}
 		if waitCtx.Err() != nil {
@@ -646,10 +647,10 @@ func parseKey(values []string, maxLen int) (string, error) {
 }
 
 // parseSFString parses s, which starts with a double quote, as an RFC 8941
-// sf-string (§3.3.3, parsed as §4.2.5 says) that makes up the whole field value: printable ASCII
-// between double quotes, where a backslash escapes only a double quote or
-// a backslash. Parameters (;name=value) are not accepted: the draft
-// defines none.
+// sf-string (§3.3.3, parsed as §4.2.5 says) that makes up the whole field
+// value: printable ASCII between double quotes, where a backslash escapes
+// only a double quote or a backslash. Parameters (;name=value) are not
+// accepted: the draft defines none.
 func parseSFString(s string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(s); i++ {

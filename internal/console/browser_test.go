@@ -289,7 +289,8 @@ func (b *browser) screenshot(t *testing.T, name string) string {
 
 // TestBrowser drives the console in a real headless Chromium: the
 // overview, the keys that need review, one key, and its resolution,
-// then checks the database.
+// then checks the database; then a console with a token at its edges
+// (see browserEdges).
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	drivertest.Each(t, testBrowser[pgx.Tx], testBrowser[*sql.Tx])
@@ -358,23 +359,21 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	require.IsIncreasing(t, positions, "steps in step order")
 	require.Equal(t, 2, strings.Count(steps, "succeeded"), "the resolved step and the refund")
 	browser.screenshot(t, "console-run.png")
+
+	browserEdges(t, driver, browser)
 }
 
-// TestBrowserEdges drives Chromium at the console's edges: a token traded
-// at a path a browser reads as another host's stays on the console, and a
-// tenant holding bidi controls reads as stored, its controls visible.
-func TestBrowserEdges(t *testing.T) {
-	t.Parallel()
-	drivertest.Each(t, testBrowserEdges[pgx.Tx], testBrowserEdges[*sql.Tx])
-}
-
-func testBrowserEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+// browserEdges drives the browser at the console's edges, on a console
+// with a token: a token traded at a path a browser reads as another
+// host's stays on the console, and a tenant holding bidi controls reads as
+// stored, its controls visible.
+func browserEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx], browser *browser) {
+	t.Helper()
 	b := setup(t, driver, console.Config{Token: testToken, RefreshSeconds: -1})
 	call := b.call("email")
 	call.Tenant = "acme\u202egnp.exe\u202c"
 	res, err := b.client.Submit(t.Context(), call)
 	require.NoError(t, err)
-	browser := startBrowser(t)
 
 	browser.navigate(t, b.server.URL+"/%5Cevil.example/?token="+testToken)
 	var origin string
