@@ -27,6 +27,14 @@ const (
 	MaintenanceIntervalDefault = 30 * time.Second
 )
 
+// MaintenanceIntervalDevelopment is the development preset's
+// [Config.MaintenanceInterval] (see outbox.CallTimeoutDevelopment). With
+// the preset, a key left in flight by a crashed worker is resolved within
+// max(Lease + Grace, 3 × MaintenanceInterval) + MaintenanceInterval of the
+// crash, 5s, if a dispatcher runs by then; with the defaults, within 2
+// minutes.
+const MaintenanceIntervalDevelopment = time.Second
+
 // ErrInvalidConfig is returned by [New] for an invalid [Config].
 var ErrInvalidConfig = errors.New("invalid dispatcher config")
 

@@ -12,6 +12,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childSchemaEnv) != "" {
 		os.Exit(runChildDispatcher())
 	}
+	// TestDevelopmentPreset starts it again as a process that crashes.
+	if os.Getenv(presetChildSchemaEnv) != "" {
+		os.Exit(runPresetChild())
+	}
 	// BenchmarkDrainMemory starts it again as a dispatcher of its own.
 	if os.Getenv(memoryChildSchemaEnv) != "" {
 		os.Exit(runMemoryChild())

@@ -67,6 +67,23 @@ const (
 	NotifyCooldownDefault = 10 * time.Millisecond
 )
 
+// The development preset: with these, with
+// dispatcher.MaintenanceIntervalDevelopment and
+// reconcile.GraceDevelopment, an attempt whose worker crashed is resolved
+// within seconds instead of the two minutes the defaults allow
+// (docs/examples.md, "Development preset"). They suit a developer's
+// machine and tests, not production: a provider call longer than
+// CallTimeoutDevelopment is cut off, and the result is retried or sent to
+// review by the tool's delivery.
+const (
+	// CallTimeoutDevelopment is the development preset's
+	// [Config.CallTimeout].
+	CallTimeoutDevelopment = 2 * time.Second
+	// LeaseDevelopment is the development preset's [Config.Lease]: the
+	// shortest lease CallTimeoutDevelopment allows.
+	LeaseDevelopment = CallTimeoutDevelopment + LeaseMarginMin
+)
+
 // Config configures a [Client]. Its zero value works: every field has a
 // default.
 type Config struct {

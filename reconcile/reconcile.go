@@ -23,6 +23,11 @@ const (
 	StalePendingDefault = 10 * time.Minute
 )
 
+// GraceDevelopment is the development preset's [Config.Grace] (see
+// outbox.CallTimeoutDevelopment): enough for a request of a dead worker on
+// the same machine to have arrived, far too little across a network.
+const GraceDevelopment = time.Second
+
 // ErrInvalidConfig is returned by [New] for an invalid [Config].
 var ErrInvalidConfig = errors.New("invalid reconcile config")
 
