@@ -7,17 +7,29 @@
 // next request with the key, and the payment API answers it from its
 // memory of the key.
 //
-//	go run ./idempotency/example/refunds -db postgres://postgres@127.0.0.1:5432/postgres
+//	go run ./examples/refunds
 //
-// Then, from another terminal (the README has more):
+// Then, from another terminal (docs/examples.md has every case):
 //
 //	curl -i -X POST localhost:8080/refunds -H 'Idempotency-Key: "r-1"' \
 //		-H 'Account: acct_1' -d '{"order": 8842, "amount": "42.00"}'
+//
+// The service's log shows one refund at the payment API however often a
+// request is retried. Stop it with Ctrl-C.
+//
+// The database is $PGONCE_DATABASE_URL, else $DATABASE_URL, else
+// postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable. The service
+// makes the schema -schema (default pgonce_example_refunds), migrates it,
+// and drops it when it stops unless -keep. It listens on -addr (default
+// localhost:8080; port 0 picks a free port), and runs under pgonce's
+// development preset (docs/examples.md), so that a POST /refunds/now
+// abandoned mid-way is reconciled within seconds.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,39 +41,42 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/httpprovider"
 	"github.com/pgonce/pgonce/idempotency"
-	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/reconcile"
 )
 
 func main() {
-	dbURL := flag.String("db", "postgres://postgres@127.0.0.1:5432/postgres", "PostgreSQL URL")
 	addr := flag.String("addr", "localhost:8080", "listen address")
-	schema := flag.String("schema", "refunds_example", "pgonce schema")
+	schema := flag.String("schema", "pgonce_example_refunds", "the schema to make, use and drop")
+	keep := flag.Bool("keep", false, "keep the schema when the service stops, to look at it with the pgonce command")
 	flag.Parse()
-	if err := run(*dbURL, *addr, *schema); err != nil {
+	if err := run(*addr, *schema, *keep); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(dbURL, addr, schema string) error {
+func run(addr, schema string, keep bool) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	pool, err := pgxpool.New(ctx, dbURL)
+	db, err := exampledb.Open(ctx, exampledb.URL(), schema, "refunds")
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer func() { _ = db.Close() }()
-	if err := migrations.Up(ctx, db, schema); err != nil {
-		return err
-	}
+	defer func() {
+		if keep {
+			db.Keep()
+			log.Printf("kept schema %s; drop it with DROP SCHEMA %s CASCADE", schema, schema)
+		}
+		if closeErr := db.Close(ctx); err == nil {
+			err = closeErr
+		}
+	}()
+	pool := db.Pool
 
 	payments, err := fakePaymentAPI()
 	if err != nil {
@@ -85,7 +100,14 @@ func run(dbURL, addr, schema string) error {
 		&outbox.ToolOpts{KeyRetention: 24 * time.Hour}); err != nil {
 		return err
 	}
-	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry})
+	// The development preset: an abandoned request is reconciled within
+	// seconds.
+	client, err := outbox.NewPgx(pool, outbox.Config{
+		Schema:      schema,
+		Registry:    registry,
+		CallTimeout: outbox.CallTimeoutDevelopment,
+		Lease:       outbox.LeaseDevelopment,
+	})
 	if err != nil {
 		return err
 	}
@@ -111,15 +133,22 @@ func run(dbURL, addr, schema string) error {
 	}
 	// The dispatcher also reconciles: a POST /refunds/now abandoned
 	// mid-way goes back to pending once its lease expires.
-	d, err := dispatcher.New(client, dispatcher.Config{})
+	d, err := dispatcher.New(client, dispatcher.Config{
+		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
+		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
+	})
 	if err != nil {
 		return err
 	}
+	dispatched := make(chan struct{})
 	go func() {
+		defer close(dispatched)
 		if err := d.Run(ctx); err != nil {
 			log.Print(err)
 		}
 	}()
+	// The dispatcher drains before the schema goes.
+	defer func() { <-dispatched }()
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /refunds", m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -184,13 +213,17 @@ func run(dbURL, addr, schema string) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(res.Observation())
 	})
-	server := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	server := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = server.Shutdown(context.WithoutCancel(ctx))
 	}()
-	log.Printf("refunds on http://%s, payment API on %s", addr, payments)
-	if err := server.ListenAndServe(); err != http.ErrServerClosed {
+	log.Printf("refunds on http://%s, payment API on %s", listener.Addr(), payments)
+	if err := server.Serve(listener); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
