@@ -1,20 +1,13 @@
 package dispatcher_test
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/pgonce/pgonce/dispatcher"
-	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -26,23 +19,12 @@ import (
 func ExampleDispatcher_Run() {
 	ctx := context.Background()
 
-	// The database: PGONCE_TEST_DATABASE_URL, as pgonce's own tests use it.
-	pool, err := pgxpool.New(ctx, cmp.Or(os.Getenv("PGONCE_TEST_DATABASE_URL"),
-		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer func() { _ = db.Close() }()
-
-	// A schema of its own, so that examples running at once never meet; a
-	// service migrates "pgonce" (the default) at start-up.
-	schema := "example_" + strings.ToLower(rand.Text())
-	if err := migrations.Up(ctx, db, schema); err != nil {
-		panic(err)
-	}
-	defer func() { _, _ = db.ExecContext(context.WithoutCancel(ctx), `DROP SCHEMA "`+schema+`" CASCADE`) }()
+	// A database and a migrated schema of the example's own, so that
+	// examples running at once never meet; a service migrates "pgonce"
+	// (the default) at start-up with migrations.Up.
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	// The provider passes the key downstream, as its idempotency key.
 	registry := outbox.NewRegistry()

@@ -2,8 +2,6 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,9 +11,7 @@ import (
 	"time"
 
 	"github.com/pgonce/pgonce/idempotency"
-	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/pgoncetest"
-	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -29,17 +25,12 @@ import (
 // after the API acted; the retry runs it again, with one refund at the API.
 func ExampleRegister() {
 	ctx := context.Background()
-	pool, db, err := pgoncetest.Shared()
-	if err != nil {
-		panic(err)
-	}
-	var suffix [6]byte
-	_, _ = rand.Read(suffix[:])
-	schema := "pgonce_example_" + hex.EncodeToString(suffix[:])
-	if err := migrations.Up(ctx, db, schema); err != nil {
-		panic(err)
-	}
-	defer func() { _, _ = pool.Exec(ctx, "DROP SCHEMA "+ident.Quote(schema)+" CASCADE") }()
+	// A database and a migrated schema of the example's own, so that
+	// examples running at once never meet; a service migrates "pgonce"
+	// (the default) at start-up with migrations.Up.
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	// The payment API: one refund per key, its answer replayed.
 	refunds := map[string]string{}
@@ -55,7 +46,7 @@ func ExampleRegister() {
 	defer payments.Close()
 
 	registry := outbox.NewRegistry()
-	err = idempotency.Register(registry, "refund_request", outbox.IdempotentByKey,
+	err := idempotency.Register(registry, "refund_request", outbox.IdempotentByKey,
 		&outbox.ToolOpts{KeyRetention: 24 * time.Hour}) // how long the payment API remembers a key
 	if err != nil {
 		panic(err)

@@ -2,8 +2,6 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,9 +16,7 @@ import (
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/httpprovider"
 	"github.com/pgonce/pgonce/idempotency"
-	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/pgoncetest"
-	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -32,17 +28,12 @@ import (
 // is answered from the store; the payment API sees one refund.
 func ExampleNewPgx() {
 	ctx := context.Background()
-	pool, db, err := pgoncetest.Shared()
-	if err != nil {
-		panic(err)
-	}
-	var suffix [6]byte
-	_, _ = rand.Read(suffix[:])
-	schema := "pgonce_example_" + hex.EncodeToString(suffix[:])
-	if err := migrations.Up(ctx, db, schema); err != nil {
-		panic(err)
-	}
-	defer func() { _, _ = pool.Exec(ctx, "DROP SCHEMA "+ident.Quote(schema)+" CASCADE") }()
+	// A database and a migrated schema of the example's own, so that
+	// examples running at once never meet; a service migrates "pgonce"
+	// (the default) at start-up with migrations.Up.
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	// The downstream payment API.
 	payments := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

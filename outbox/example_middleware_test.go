@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -14,8 +15,11 @@ import (
 // tenant before they reach the provider.
 func ExampleMiddleware() {
 	ctx := context.Background()
-	_, pool, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own (see
+	// ExampleClient_SubmitTx).
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	logCalls := outbox.MiddlewareFunc(func(ctx context.Context, call *outbox.ProviderCall, next func(ctx context.Context) outbox.ProviderResult) outbox.ProviderResult {
 		res := next(ctx)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -14,8 +15,11 @@ import (
 // provider's response is embedded exactly as stored, whitespace included.
 func ExampleResult_Observation() {
 	ctx := context.Background()
-	_, pool, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own (see
+	// ExampleClient_SubmitTx).
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	refund := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 		var args struct {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -15,8 +16,11 @@ import (
 // failure, byte for byte, and replays it to a duplicate.
 func ExamplePermanentBody() {
 	ctx := context.Background()
-	_, pool, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own (see
+	// ExampleClient_SubmitTx).
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	// The payment API's answer to a charge, say: a status and a body.
 	api := func(json.RawMessage) (status int, body []byte) {

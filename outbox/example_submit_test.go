@@ -2,18 +2,11 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/pgoncetest"
-	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -22,8 +15,12 @@ import (
 // with the caller's other writes; a dispatcher runs the refund after commit.
 func ExampleClient_SubmitTx() {
 	ctx := context.Background()
-	db, _, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own, so that
+	// examples running at once never meet; a service migrates "pgonce"
+	// (the default) at start-up with migrations.Up.
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	db, schema := exampleDB.SQL, exampleDB.Schema
 
 	registry := outbox.NewRegistry()
 	if err := registry.Register("refund", exampleRefundProvider(), outbox.IdempotentByKey); err != nil {
@@ -77,8 +74,11 @@ func ExampleClient_SubmitTx() {
 // transaction leaves no trace of the key.
 func ExampleClient_SubmitTx_pgx() {
 	ctx := context.Background()
-	_, pool, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own (see
+	// ExampleClient_SubmitTx).
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	registry := outbox.NewRegistry()
 	if err := registry.Register("refund", exampleRefundProvider(), outbox.IdempotentByKey); err != nil {
@@ -143,31 +143,4 @@ func exampleRefundProvider() outbox.Provider {
 	return outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 		return json.RawMessage(`{"refund_id":"re_1"}`), nil
 	})
-}
-
-// exampleDB connects to the test database the way the tests' harness does
-// (pgoncetest.DatabaseURLEnv, else pgoncetest.DatabaseURLDefault), migrates a
-// fresh schema and returns both handles over one pool. cleanup drops the
-// schema and closes the handles, so that the package's leak check passes.
-// Examples have no *testing.T, hence no pgoncetest.Schema.
-func exampleDB() (db *sql.DB, pool *pgxpool.Pool, schema string, cleanup func()) {
-	ctx := context.Background()
-	// The test harness finds the database (PGONCE_TEST_DATABASE_URL, the
-	// local server, or a container) and closes it when the tests end.
-	pool, db, err := pgoncetest.Shared()
-	if err != nil {
-		panic(err)
-	}
-	var suffix [6]byte
-	_, _ = rand.Read(suffix[:])
-	schema = "pgonce_example_" + hex.EncodeToString(suffix[:])
-	if err := migrations.Up(ctx, db, schema); err != nil {
-		panic(fmt.Sprintf("migrate example schema %s: %v", schema, err))
-	}
-	cleanup = func() {
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident.Quote(schema)+" CASCADE"); err != nil {
-			panic(fmt.Sprintf("drop example schema %s: %v", schema, err))
-		}
-	}
-	return db, pool, schema, cleanup
 }

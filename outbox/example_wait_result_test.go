@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/pgonce/pgonce/internal/exampledb"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -12,8 +13,11 @@ import (
 // for it told the outcome is its own, and a duplicate told it is a replay.
 func ExampleClient_WaitResult() {
 	ctx := context.Background()
-	_, pool, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own (see
+	// ExampleClient_SubmitTx).
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	registry := outbox.NewRegistry()
 	refund := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
@@ -70,8 +74,11 @@ func ExampleClient_WaitResult() {
 // runs.
 func ExampleObservationFor() {
 	ctx := context.Background()
-	_, pool, schema, cleanup := exampleDB()
-	defer cleanup()
+	// A database and a migrated schema of the example's own (see
+	// ExampleClient_SubmitTx).
+	exampleDB, dropDB := exampledb.ForExample()
+	defer dropDB()
+	pool, schema := exampleDB.Pool, exampleDB.Schema
 
 	registry := outbox.NewRegistry()
 	refund := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
