@@ -11,9 +11,11 @@ import (
 	"github.com/pgonce/pgonce/outbox"
 )
 
-// ExampleProvider sends one attempt to a payment API and reads the stored
-// envelope back; a duplicate attempt is answered by the API's replay.
-func ExampleProvider() {
+// ExampleNew passes the key downstream: one attempt goes to a payment API
+// with the call's key in Idempotency-Key, and the stored envelope (status,
+// kept headers, body verbatim) is read back with Decode. Registered with
+// Provider.Register, a dispatcher makes the calls.
+func ExampleNew() {
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		fmt.Printf("API got %s %s, Idempotency-Key %s...\n", r.Method, body, r.Header.Get("Idempotency-Key")[:11])
