@@ -34,17 +34,18 @@ const (
 // development preset, as docs/examples.md ("Development preset") spells
 // them.
 func developmentPreset(schema string, registry *outbox.Registry) (outbox.Config, dispatcher.Config) {
-	quiet := slog.New(slog.DiscardHandler)
-	return outbox.Config{
-			Schema:      schema,
-			Registry:    registry,
-			CallTimeout: outbox.CallTimeoutDevelopment,
-			Lease:       outbox.LeaseDevelopment,
-			Logger:      quiet,
-		}, dispatcher.Config{
-			MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
-			Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
-		}
+	client := outbox.Config{
+		Schema:      schema,
+		Registry:    registry,
+		CallTimeout: outbox.CallTimeoutDevelopment,
+		Lease:       outbox.LeaseDevelopment,
+		Logger:      slog.New(slog.DiscardHandler),
+	}
+	config := dispatcher.Config{
+		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
+		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
+	}
+	return client, config
 }
 
 // recoveryBound is the documented bound on the time from a crash to the

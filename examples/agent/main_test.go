@@ -27,8 +27,10 @@ func TestAgent(t *testing.T) {
 
 	// The key comes from the conversation: the run id and the call's
 	// position in the run, and the canonical arguments.
-	refund, err := outbox.DeriveKey(outbox.Call{RunID: runID, Step: 1, Tool: "refund",
-		Args: json.RawMessage(`{"order": 8842, "amount": "42.00"}`)})
+	refund, err := outbox.DeriveKey(outbox.Call{
+		RunID: runID, Step: 1, Tool: "refund",
+		Args: json.RawMessage(`{"order": 8842, "amount": "42.00"}`),
+	})
 	require.NoError(t, err)
 	q := regexp.QuoteMeta
 	exampletest.RequireLines(t, out,

@@ -107,8 +107,13 @@ func runtimeLife(ctx context.Context, out io.Writer, schema, life string) error 
 		return err
 	}
 	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.Run(runCtx); err != nil {
+			logger.Error("pgonce: the dispatcher stopped", "error", err)
+		}
+	}()
 	defer func() {
 		stop()
 		<-done

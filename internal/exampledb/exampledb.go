@@ -26,9 +26,11 @@ const (
 	// URLDefault is the database of a developer's machine: a PostgreSQL on
 	// 127.0.0.1:5432 that trusts local connections.
 	URLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	// URLEnv and URLFallbackEnv name the variables a program reads its
-	// database URL from, in that order, as the pgonce command does.
-	URLEnv         = "PGONCE_DATABASE_URL"
+	// URLEnv names the variable a program reads its database URL from
+	// first, as the pgonce command does.
+	URLEnv = "PGONCE_DATABASE_URL"
+	// URLFallbackEnv names the variable a program reads its database URL
+	// from when URLEnv is unset.
 	URLFallbackEnv = "DATABASE_URL"
 	// TestURLEnv names the variable that points the tests, and so the
 	// Example functions, at a database (as internal/pgoncetest reads it).
