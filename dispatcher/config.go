@@ -109,7 +109,8 @@ type Config struct {
 	// holds its leadership for three intervals and renews it every interval,
 	// so a crashed leader is replaced within three intervals; one that stops
 	// hands leadership over at once. Defaults to
-	// [MaintenanceIntervalDefault].
+	// [MaintenanceIntervalDefault]; the development preset sets
+	// [MaintenanceIntervalDevelopment].
 	MaintenanceInterval time.Duration
 
 	// Reconcile configures the reconciler that maintenance runs. Its zero

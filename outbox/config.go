@@ -98,14 +98,15 @@ type Config struct {
 
 	// CallTimeout is the deadline of one provider call or lookup, made by
 	// [Client.Do], by dispatchers and by reconcilers over this client.
-	// Defaults to [CallTimeoutDefault].
+	// Defaults to [CallTimeoutDefault]; the development preset sets
+	// [CallTimeoutDevelopment].
 	CallTimeout time.Duration
 
 	// Lease is how long an attempt holds its key, by the database's clock:
 	// a claim of [Client.Do], of a dispatcher, or of a reconciler over this
 	// client. It must exceed CallTimeout by at least [LeaseMarginMin], so
 	// that a live worker never outlives its claim. Defaults to
-	// CallTimeout + 30s.
+	// CallTimeout + 30s; the development preset sets [LeaseDevelopment].
 	Lease time.Duration
 
 	// Retention is how long a finished key keeps its response before pruning

@@ -37,7 +37,8 @@ type Config struct {
 	// resolved. It must exceed the longest time a request of a dead worker
 	// can still be travelling to a provider: after a natural-id lookup finds
 	// nothing, the next attempt calls the provider again, and a request
-	// still in transit could then act too. Defaults to [GraceDefault].
+	// still in transit could then act too. Defaults to [GraceDefault]; the
+	// development preset sets [GraceDevelopment].
 	Grace time.Duration
 
 	// BatchSize is the most rows one statement takes. The rows of a batch
