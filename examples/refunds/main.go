@@ -17,7 +17,7 @@
 // The service's log shows one refund at the payment API however often a
 // request is retried. Stop it with Ctrl-C.
 //
-// The database is $PGONCE_DATABASE_URL, else $DATABASE_URL, else
+// The database is -db, else $PGONCE_DATABASE_URL, else $DATABASE_URL, else
 // postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable. The service
 // makes the schema -schema (default pgonce_example_refunds), migrates it,
 // and drops it when it stops unless -keep. It listens on -addr (default
@@ -51,19 +51,20 @@ import (
 )
 
 func main() {
+	dbURL := flag.String("db", exampledb.URL(), "PostgreSQL URL; default $PGONCE_DATABASE_URL, else $DATABASE_URL, else "+exampledb.URLDefault)
 	addr := flag.String("addr", "localhost:8080", "listen address")
 	schema := flag.String("schema", "pgonce_example_refunds", "the schema to make, use and drop")
 	keep := flag.Bool("keep", false, "keep the schema when the service stops, to look at it with the pgonce command")
 	flag.Parse()
-	if err := run(*addr, *schema, *keep); err != nil {
+	if err := run(*dbURL, *addr, *schema, *keep); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(addr, schema string, keep bool) (err error) {
+func run(dbURL, addr, schema string, keep bool) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	db, err := exampledb.Open(ctx, exampledb.URL(), schema, "refunds")
+	db, err := exampledb.Open(ctx, dbURL, schema, "refunds")
 	if err != nil {
 		return err
 	}
