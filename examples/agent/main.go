@@ -122,7 +122,8 @@ func story(ctx context.Context, out io.Writer, schema string, keep bool) (err er
 	fmt.Fprintf(out, "  create_ticket(title, order)              the ticket system; busy at first (503, Retry-After: %d)\n",
 		int(ticketRetryAfter.Seconds()))
 	fmt.Fprintln(out, "A tool call's step is its position in the run; its key hashes the run id, the step, the tool")
-	fmt.Fprintln(out, "and the canonical arguments. The runtime runs under pgonce's development preset.")
+	fmt.Fprintln(out, "and the arguments, decoded into the tool's types (an amount is a string with two decimals)")
+	fmt.Fprintln(out, "and canonicalised. The runtime runs under pgonce's development preset.")
 	fmt.Fprintln(out, "")
 	say(out, "user", "%s", userMessage)
 

@@ -26,7 +26,7 @@ func TestAgent(t *testing.T) {
 	t.Log(out)
 
 	// The key comes from the conversation: the run id and the call's
-	// position in the run, and the canonical arguments.
+	// position in the run, and the arguments, normalised.
 	refund, err := outbox.DeriveKey(outbox.Call{
 		RunID: runID, Step: 1, Tool: "refund",
 		Args: json.RawMessage(`{"order": 8842, "amount": "42.00"}`),
@@ -36,16 +36,19 @@ func TestAgent(t *testing.T) {
 	exampletest.RequireLines(t, out,
 		`^── the runtime starts \(process 1\)$`,
 		`^assistant +refund \{"order": 8842, "amount": "42.00"\}`,
-		`^  runtime +step 1 +canonical \{"amount":"42.00","order":8842\} +key `+q(string(refund[:15]))+`…: created$`,
+		`^  runtime +step 1 +normalised \{"amount":"42.00","order":8842\} +key `+q(string(refund[:15]))+`…: created$`,
 		`^  payments +refunded 42.00 on order 8842 as re_0001`,
 		`^  crash +the runtime's process dies`,
 		`^── the runtime restarts \(process 2\)$`,
-		// The re-asked turn: a number where the step holds a string.
-		`^assistant +refund \{"amount": 42, "order": 8842\}`,
+		// The re-asked turn: the model re-plans the step, a conflict.
+		`^assistant +refund \{"amount": "40.00", "order": 8842\}`,
+		`^  runtime +step 1 +normalised \{"amount":"40.00","order":8842\}: conflict; nothing runs$`,
 		`^tool +call_\w+ +\{"status":"conflict","key":"k1_\w+","existing_key":"`+q(string(refund))+`","existing_tool":"refund"`,
-		// The corrected ask reaches the refund of the crashed process.
-		`^assistant +refund \{"amount":"42.00","order":8.842e3\}`,
-		`^  runtime +the same tool and canonical arguments as step 1`,
+		// The original asked again, spelled otherwise, reaches the refund of
+		// the crashed process.
+		`^assistant +refund \{"amount":42,"order":8.842e3\}`,
+		`^  runtime +the same tool and arguments as step 1`,
+		`^  runtime +step 1 +normalised \{"amount":"42.00","order":8842\} +key `+q(string(refund[:15]))+`…: found `,
 		`^tool +call_\w+ +\{"status":"succeeded","key":"`+q(string(refund))+`","replayed":true,"response":\{"refund_id":"re_0001"`,
 		`^assistant +create_ticket `,
 		`^tool +call_\w+ +\{"status":"in_progress"`,
@@ -56,4 +59,45 @@ func TestAgent(t *testing.T) {
 		`^Exactly one refund, one e-mail, one ticket\.$`,
 	)
 	exampletest.RequireSchemaGone(t, schema)
+}
+
+// TestNormalise checks that every spelling of one intention decodes to one
+// value, and that what does not decode is reported as invalid arguments,
+// with its path.
+func TestNormalise(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		tool, arguments string
+		want            any
+		path            string
+	}{
+		{"refund", `{"order": 8842, "amount": "42.00"}`, refundArgs{Order: 8842, Amount: "42.00"}, ""},
+		{"refund", `{"amount":42,"order":8.842e3}`, refundArgs{Order: 8842, Amount: "42.00"}, ""},
+		{"refund", `{"amount":"42","order":"8842"}`, refundArgs{Order: 8842, Amount: "42.00"}, ""},
+		{"refund", `{"amount":4.2e1,"order":8842.0}`, refundArgs{Order: 8842, Amount: "42.00"}, ""},
+		{"refund", `{"amount":42.005,"order":8842}`, nil, "$.amount"},
+		{"refund", `{"amount":"forty-two","order":8842}`, nil, "$.amount"},
+		{"refund", `{"amount":-1,"order":8842}`, nil, "$.amount"},
+		{"refund", `{"amount":"42.00","order":8842.5}`, nil, "$.order"},
+		{"refund", `{"amount":"42.00","order":1e999}`, nil, "$.order"},
+		{"refund", `{"amount":"42.00"}`, nil, "$"},
+		{"refund", `{"amount":"42.00","order":8842,"note":"x"}`, nil, "$"},
+		{"refund", `[8842, "42.00"]`, nil, "$"},
+		{"refund", `{"amount":"42.00","order":8842} {}`, nil, "$"},
+		{"send_email", `{"to":"a@example.com","subject":"s","body":"b"}`, sendEmailArgs{To: "a@example.com", Subject: "s", Body: "b"}, ""},
+		{"send_email", `{"to":1,"subject":"s","body":"b"}`, nil, "$.to"},
+		{"create_ticket", `{"order":8842,"title":"t"}`, createTicketArgs{Title: "t", Order: 8842}, ""},
+	} {
+		got, err := normalise(tt.tool, tt.arguments)
+		if tt.path == "" {
+			require.NoError(t, err, tt.arguments)
+			require.Equal(t, tt.want, got, tt.arguments)
+			continue
+		}
+		obs := outbox.ObservationFor(outbox.Result{}, err)
+		require.Equal(t, outbox.ObservationInvalidArguments, obs.Status, tt.arguments)
+		require.Equal(t, tt.path, obs.Path, tt.arguments)
+	}
+	_, err := normalise("refund_twice", `{}`)
+	require.ErrorIs(t, err, outbox.ErrUnknownTool)
 }

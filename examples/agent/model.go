@@ -33,10 +33,10 @@ func (m *scriptedModel) respond(history []message) message {
 	case len(calls) == 0 && m.sample == "1":
 		reply = append(reply, m.call("refund", object(", ", ": ", "order", 8842, "amount", "42.00")))
 	case len(calls) == 0:
-		// Sampled again, the model writes the amount as a number and the
-		// members in another order: to pgonce a different action in the
-		// same step, a conflict.
-		reply = append(reply, m.call("refund", object(", ", ": ", "amount", 42, "order", 8842)))
+		// Sampled again, the model re-plans: another amount, for the same
+		// step. To pgonce another action in a step that holds one, a
+		// conflict.
+		reply = append(reply, m.call("refund", object(", ", ": ", "amount", "40.00", "order", 8842)))
 	default:
 		reply = m.again(history)
 	}
@@ -67,9 +67,9 @@ func (m *scriptedModel) respond(history []message) message {
 
 // again re-asks the calls of the last turn that the model was told are in
 // progress, with the same arguments (spelled otherwise: members in another
-// order), as the observation's message tells it to; and it corrects a
-// refund that conflicted, writing the amount as the decimal string the tool
-// takes.
+// order), as the observation's message tells it to; and after a refund that
+// conflicted, it asks for the original one again, spelled otherwise: the
+// amount a number, the order in an exponent.
 func (m *scriptedModel) again(history []message) []toolCall {
 	last := len(history) - 1
 	for last >= 0 && history[last].Role != "assistant" {
@@ -90,7 +90,7 @@ func (m *scriptedModel) again(history []message) []toolCall {
 		case obs.Status == "in_progress" || obs.Status == "unavailable":
 			reply = append(reply, m.call(tc.Name, reordered(tc.Arguments)))
 		case obs.Status == "conflict" && tc.Name == "refund":
-			reply = append(reply, m.call("refund", object(",", ":", "amount", "42.00", "order", json.Number("8.842e3"))))
+			reply = append(reply, m.call("refund", object(",", ":", "amount", 42, "order", json.Number("8.842e3"))))
 		}
 	}
 	return reply

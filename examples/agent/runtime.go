@@ -211,37 +211,43 @@ type pendingCall struct {
 	observation *outbox.Observation
 }
 
-// submit runs one tool call through pgonce: its arguments canonicalised,
-// its step found, and the key claimed in a transaction of its own beside
-// the runtime's bookkeeping row.
+// submit runs one tool call through pgonce: its arguments decoded into the
+// tool's type, its step found, and the key claimed in a transaction of its
+// own beside the runtime's bookkeeping row.
 func (r *runtime) submit(ctx context.Context, turn, index int, position int64, tc toolCall) *pendingCall {
 	call := &pendingCall{toolCall: tc, step: position}
 	var canonical []byte
 	answer := func(res outbox.Result, err error) *pendingCall {
 		obs := outbox.ObservationFor(res, err)
 		call.observation = &obs
-		say(r.out, "runtime", "step %d  canonical %s: %s; nothing runs", call.step, canonical, obs.Status)
+		if canonical == nil {
+			say(r.out, "runtime", "step %d: %s; nothing runs", call.step, obs.Status)
+		} else {
+			say(r.out, "runtime", "step %d  normalised %s: %s; nothing runs", call.step, canonical, obs.Status)
+		}
 		return call
 	}
-	// The arguments are the model's JSON text; their canonical form (RFC
-	// 8785) is what the key hashes, so member order, spacing and number
-	// spelling do not matter, and a number is never a string.
-	canonical, err := outbox.Canonicalize(json.RawMessage(tc.Arguments))
+	// The arguments are the model's JSON text. Decoded into the tool's own
+	// type, every spelling of one intention is one value; its canonical form
+	// (RFC 8785), which the key hashes, ignores member order and spacing.
+	args, err := normalise(tc.Name, tc.Arguments)
 	if err != nil {
-		canonical = []byte("(none)")
+		return answer(outbox.Result{}, err)
+	}
+	if canonical, err = outbox.Canonicalize(args); err != nil {
 		return answer(outbox.Result{}, err)
 	}
 	if step, ok, err := r.openStep(ctx, tc.Name, canonical); err != nil {
 		return answer(outbox.Result{}, err)
 	} else if ok {
 		call.step = step
-		say(r.out, "runtime", "the same tool and canonical arguments as step %d, whose outcome the model has not seen: step %d again", step, step)
+		say(r.out, "runtime", "the same tool and arguments as step %d, whose outcome the model has not seen: step %d again", step, step)
 	}
 	res, err := r.submitTx(ctx, turn, index, canonical, call, outbox.Call{
 		RunID: runID,
 		Step:  call.step,
 		Tool:  tc.Name,
-		Args:  json.RawMessage(tc.Arguments),
+		Args:  args,
 	})
 	if err != nil {
 		return answer(res, err)
@@ -251,7 +257,7 @@ func (r *runtime) submit(ctx context.Context, turn, index int, position int64, t
 	if !res.Created {
 		how = "found " + string(res.State)
 	}
-	say(r.out, "runtime", "step %d  canonical %s  key %s…: %s", call.step, canonical, res.Key[:15], how)
+	say(r.out, "runtime", "step %d  normalised %s  key %s…: %s", call.step, canonical, res.Key[:15], how)
 	return call
 }
 
