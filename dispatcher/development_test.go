@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +131,7 @@ func TestDevelopmentPreset(t *testing.T) {
 	defaults := recoveryBound(outbox.Config{Lease: outbox.CallTimeoutDefault + 30*time.Second},
 		dispatcher.Config{MaintenanceInterval: dispatcher.MaintenanceIntervalDefault, Reconcile: reconcile.Config{Grace: reconcile.GraceDefault}})
 	require.Equal(t, 2*time.Minute, defaults, "the defaults' bound docs/examples.md states")
+	requirePresetDocumented(t, bound, defaults)
 
 	ctx := t.Context()
 	schema := pgoncetest.Schema(t)
@@ -182,4 +185,28 @@ func TestDevelopmentPreset(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+ledger).Scan(&refunds))
 	require.Equal(t, 1, refunds, "the provider deduplicated the retry on the key")
 	require.JSONEq(t, fmt.Sprintf(`{"refunded_by":%d}`, child.ProcessState.Pid()), string(res.Response))
+}
+
+// requirePresetDocumented checks the figures of docs/examples.md's
+// "Development preset" against the constants, so that a changed preset
+// cannot leave the page promising other times.
+func requirePresetDocumented(t *testing.T, bound, defaults time.Duration) {
+	t.Helper()
+	page, err := os.ReadFile(filepath.Join("..", "docs", "examples.md"))
+	require.NoError(t, err)
+	_, section, found := strings.Cut(string(page), "\n## Development preset\n")
+	require.True(t, found)
+	section, _, _ = strings.Cut(section, "\n## ")
+	section = strings.Join(strings.Fields(section), " ")
+	seconds := func(d time.Duration) string { return fmt.Sprintf("%d s", int(d.Seconds())) }
+	for _, want := range []string{
+		"`outbox.CallTimeoutDevelopment`, " + seconds(outbox.CallTimeoutDevelopment) + " |",
+		"`outbox.LeaseDevelopment`, " + seconds(outbox.LeaseDevelopment) + " |",
+		"`reconcile.GraceDevelopment`, " + seconds(reconcile.GraceDevelopment) + " |",
+		"`dispatcher.MaintenanceIntervalDevelopment`, " + seconds(dispatcher.MaintenanceIntervalDevelopment) + " |",
+		fmt.Sprintf("| **%d min** | **%s** |", int(defaults.Minutes()), seconds(bound)),
+		"max(Lease + Grace, 3 × MaintenanceInterval) + MaintenanceInterval",
+	} {
+		require.Contains(t, section, want)
+	}
 }

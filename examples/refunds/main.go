@@ -9,7 +9,7 @@
 //
 //	go run ./examples/refunds
 //
-// Then, from another terminal (docs/examples.md has every case):
+// Then, from another terminal (docs/http.md has every case):
 //
 //	curl -i -X POST localhost:8080/refunds -H 'Idempotency-Key: "r-1"' \
 //		-H 'Account: acct_1' -d '{"order": 8842, "amount": "42.00"}'

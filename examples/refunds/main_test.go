@@ -22,7 +22,7 @@ import (
 func TestMain(m *testing.M) { pgoncetest.Main(m) }
 
 // TestRefunds builds the service, starts it in a fresh schema of the test
-// database and runs the curl cases docs/examples.md shows: a request and
+// database and runs the curl cases docs/http.md shows: a request and
 // its retry, the same key with another body, no key, the refund's outcome,
 // and a refund made in the request and its retry. The payment API logs one
 // refund per refund however often the requests are retried, and the schema
