@@ -195,6 +195,9 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 	ledger := faults.NewLedger(ledgerPool, ledgerSchema)
 	ledger.Latency = 2 * time.Millisecond
 	var toolOpts *outbox.ToolOpts
+	if opts.replicatedClaims {
+		toolOpts = &outbox.ToolOpts{ReplicatedClaim: true}
+	}
 	registry, err := ledger.Registry(toolOpts)
 	require.NoError(t, err)
 
