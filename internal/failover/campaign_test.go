@@ -27,12 +27,16 @@ import (
 	"github.com/pgonce/pgonce/reconcile"
 )
 
-// Timings of the campaign, as the fault campaign's: short leases, so that
-// the leases that the failover strands expire soon.
-const (
-	callTimeout = time.Second
-	lease       = 2 * time.Second
-	grace       = time.Second
+// Timings of the campaign: short leases, so that the leases that the
+// failover strands expire soon; in the quick profile those of the fault
+// campaign. The long profile runs several campaigns at once under the race
+// detector, where a provider call of 1s timed out before it acted (and an
+// at-most-once call went to review instead of acting twice), so its calls
+// get longer.
+var (
+	callTimeout = faults.Scale(time.Second, 5*time.Second)
+	lease       = faults.Scale(2*time.Second, 7*time.Second)
+	grace       = faults.Scale(time.Second, 2*time.Second)
 )
 
 // quietLogger drops the library's logs, which a failover produces by the
@@ -304,6 +308,7 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 	phase("failover")
 	stopped, promoted := pair.Failover()
 	first.armed.Store(promoted.UnixNano())
+	committedBefore := committedByRun(history)
 
 	// 5. Everything goes on against the new primary; both dispatchers
 	// listen there again.
@@ -324,6 +329,11 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 	stopPgx()
 	stopStd()
 	stopDo()
+	committedAfter := committedByRun(history)
+	for _, load := range []*faults.Workload{pgxLoad, stdLoad, doLoad} {
+		require.Greater(t, committedAfter[load.RunID], committedBefore[load.RunID],
+			"%s committed nothing on the new primary", load.RunID)
+	}
 	finishCtx, cancel := context.WithTimeout(ctx, faults.Scale(time.Minute, 3*time.Minute))
 	open, err := faults.AwaitTerminal(finishCtx, direct, schema, history.Keys())
 	cancel()
@@ -368,6 +378,17 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 		require.Empty(t, waits.errs, "waits across the failover")
 	}
 	return f
+}
+
+// committedByRun counts the history's committed calls per run id.
+func committedByRun(h *faults.History) map[string]int {
+	n := map[string]int{}
+	for _, e := range h.Entries() {
+		if e.Fate == faults.FateCommitted {
+			n[e.Call.RunID]++
+		}
+	}
+	return n
 }
 
 // actedUnseen reports whether an at-most-once call acted after cut while

@@ -112,8 +112,14 @@ func NewPair(tb testing.TB, mode Replication) *Pair {
 	p.run("pg_ctlcluster", p.Primary.Version, p.Primary.Name, "reload")
 
 	standby := &Node{Version: p.Primary.Version, Name: p.Primary.Name + "_standby", Port: pgoncetest.FreePort(tb)}
+	dataDir := filepath.Join("/var/lib/postgresql", standby.Version, standby.Name)
+	// Cleanups run last first: the directory goes after the cluster was
+	// stopped and dropped (which removes it), in case pg_createcluster never
+	// took it over.
+	tb.Cleanup(func() { _ = os.RemoveAll(dataDir) })
 	tb.Cleanup(func() {
-		if out, err := exec.Command("pg_dropcluster", "--stop", standby.Version, standby.Name).CombinedOutput(); err != nil { //nolint:gosec // our own cluster name
+		out, err := exec.Command("pg_dropcluster", "--stop", standby.Version, standby.Name).CombinedOutput() //nolint:gosec // our own cluster name
+		if err != nil && p.Standby != nil {
 			tb.Errorf("failover: drop cluster %s: %v\n%s", standby.Name, err, out)
 		}
 	})
@@ -123,11 +129,9 @@ func NewPair(tb testing.TB, mode Replication) *Pair {
 	// configuration files it moves to /etc (Debian keeps the primary's
 	// there, out of the backup). The walreceiver's application_name is the
 	// standby's cluster_name, which synchronous_standby_names = '*' matches.
-	dataDir := filepath.Join("/var/lib/postgresql", standby.Version, standby.Name)
 	if err := os.Mkdir(dataDir, 0o700); err != nil {
 		tb.Fatalf("failover: %v", err)
 	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dataDir) }) // when pg_createcluster never owned it
 	p.run("chown", "postgres:postgres", dataDir)
 	p.run("runuser", "-u", "postgres", "--", filepath.Join("/usr/lib/postgresql", standby.Version, "bin", "pg_basebackup"),
 		"-h", "127.0.0.1", "-p", fmt.Sprint(p.Primary.Port), "-U", "postgres", "-D", dataDir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
