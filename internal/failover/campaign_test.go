@@ -362,9 +362,25 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 	require.NoError(t, failover.CopyLedger(checkCtx, ledgerPool, ledgerSchema, direct, schema))
 	report, err := faults.Check(checkCtx, direct, schema, checker, history, faults.CheckOpts{Crashed: true})
 	require.NoError(t, err)
-	t.Logf("%s\nhistory: %s", f, report.Summary())
+	t.Logf("%s\nhistory: %s\nlost: %v", f, report.Summary(), f.LostCalls)
 	record(f)
 
+	if opts.mode.Synchronous() && f.Lost > 0 {
+		// Say whether the old primary had committed what the new one lacks.
+		stopDispatchers()
+		pair.StartOldPrimary()
+		for _, key := range f.LostKeys {
+			var state string
+			var created time.Time
+			conn, err := pgx.Connect(checkCtx, pair.Primary.URL())
+			require.NoError(t, err)
+			err = conn.QueryRow(checkCtx, `SELECT state::text, created_at FROM `+ident.Quote(schema)+`.pgonce_key
+				WHERE key = decode(substr($1, 4), 'hex')`, key).Scan(&state, &created)
+			_ = conn.Close(checkCtx)
+			t.Logf("lost key %s on the old primary: state %q created %s (stopped %s, promoted %s): %v",
+				key, state, created.Format(time.RFC3339Nano), stopped.Format(time.RFC3339Nano), promoted.Format(time.RFC3339Nano), err)
+		}
+	}
 	require.NotZero(t, f.FirstClaim, "no claim on the new primary")
 	require.Zero(t, f.Duplicates[faults.ToolKeyed], "keyed calls are deduplicated by their provider, whatever the store forgot")
 	require.Zero(t, report.Unfinished, "every call the new primary holds finishes")

@@ -25,8 +25,11 @@ type Figures struct {
 	// Duplicates counts effects beyond the first of a call, per tool.
 	Duplicates map[string]int
 	// Lost counts committed calls whose key the new primary does not hold,
-	// and LostActed those of them whose provider had acted.
+	// and LostActed those of them whose provider had acted; LostCalls names
+	// the first ten, and LostKeys are their keys.
 	Lost, LostActed int
+	LostCalls       []string
+	LostKeys        []string
 	// ClaimsForgotten counts provider calls made under a claim that the new
 	// primary does not hold: an attempt the new primary claimed again, or
 	// one past the attempt it holds.
@@ -163,6 +166,10 @@ func Measure(ctx context.Context, store *pgxpool.Pool, schema string, ledger *pg
 			f.Committed++
 			if !exists {
 				f.Lost++
+				if len(f.LostCalls) < 10 {
+					f.LostCalls = append(f.LostCalls, fmt.Sprintf("%s step %d (%s)", e.Call.RunID, e.Call.Step, e.Call.Tool))
+					f.LostKeys = append(f.LostKeys, key)
+				}
 				if effects[key] > 0 {
 					f.LostActed++
 				}

@@ -227,6 +227,16 @@ func (p *Pair) Failover() (stopped, promoted time.Time) {
 	return stopped, promoted
 }
 
+// StartOldPrimary starts the stopped primary again, alone, for a test to
+// read what it had committed: it recovers from its own WAL and comes up as
+// a primary of its own timeline. Only for inspection after a campaign: its
+// clients would otherwise find it first in [Pair.URL].
+func (p *Pair) StartOldPrimary() {
+	p.tb.Helper()
+	p.run("pg_ctlcluster", p.Primary.Version, p.Primary.Name, "start")
+	p.awaitReady(p.Primary)
+}
+
 // await polls query on node, with args, until it returns true, for up to a
 // minute, and fails the test then.
 func (p *Pair) await(node *Node, what, query string, args ...any) {

@@ -41,6 +41,7 @@ func TestReplicatedClaim(t *testing.T) {
 	cluster := faults.NewCluster(t, nil)
 	conf := filepath.Join("/etc/postgresql", cluster.Version, cluster.Name, "conf.d", "replicated.conf")
 	require.NoError(t, os.WriteFile(conf, []byte("synchronous_standby_names = '*'\nsynchronous_commit = local\n"), 0o644)) //nolint:gosec // read by the postgres user
+	// The settings take effect at a reload.
 	out, err := exec.Command("pg_ctlcluster", cluster.Version, cluster.Name, "reload").CombinedOutput() //nolint:gosec // our own cluster
 	require.NoError(t, err, "%s", out)
 
