@@ -6,6 +6,8 @@ GOLANGCI_LINT_VERSION := v2.15.0
 GOBIN ?= $(shell go env GOPATH)/bin
 # The fault campaign (internal/faults) appends its summary line here.
 FAULTS_SUMMARY := $(CURDIR)/faults-summary.txt
+# The failover campaign (internal/failover) writes its figures here.
+FAILOVER_SUMMARY := $(CURDIR)/failover-summary.txt
 SQLC          := $(GOBIN)/sqlc
 GOLANGCI_LINT := $(GOBIN)/golangci-lint
 # The telemetry package's tests with the OpenTelemetry SDK: a module of its
@@ -61,6 +63,12 @@ faults: ## Run the fault campaign's long profile (as root: it makes private clus
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS=long PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 -timeout=90m ./internal/faults/
 	@cat $(FAULTS_SUMMARY)
+
+.PHONY: failover
+failover: ## Run the failover campaign in every replication mode and print its figures (as root: it makes private clusters; see docs/high-availability.md)
+	@rm -f $(FAILOVER_SUMMARY)
+	PGONCE_FAULTS=long PGONCE_FAULTS_SUMMARY=$(FAILOVER_SUMMARY) go test -race -count=1 -timeout=30m -run='^TestFailover$$' ./internal/failover/
+	@cat $(FAILOVER_SUMMARY)
 
 .PHONY: test/short
 test/short: ## Run the tests without the race detector

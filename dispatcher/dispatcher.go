@@ -249,11 +249,18 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attem
 	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
 	defer cancel()
 	claimedAt := time.Now()
+	var replicated []string
+	for _, name := range tools {
+		if tool := d.registry.Lookup(name); tool != nil && tool.Opts.ReplicatedClaim {
+			replicated = append(replicated, name)
+		}
+	}
 	rows, err := d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
-		Tools:  tools,
-		Max:    limit,
-		Lease:  d.client.Config().Lease,
-		Worker: d.workerID,
+		Tools:           tools,
+		ReplicatedTools: replicated,
+		Max:             limit,
+		Lease:           d.client.Config().Lease,
+		Worker:          d.workerID,
 	})
 	if obs := d.attempts.Observer(); obs != nil {
 		observeClaim(ctx, obs, claimedAt, limit, rows, err)

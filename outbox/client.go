@@ -269,6 +269,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submis
 	if inFlight && !call.scheduled() {
 		params.Lease = c.config.Lease
 		params.Worker = c.config.WorkerID
+		params.ReplicatedClaim = sub.tool != nil && sub.tool.Opts.ReplicatedClaim
 	} else if !c.config.NotifyDisabled {
 		if notifyWindow = c.takeNotifyWindow(); notifyWindow != nil || c.config.NotifyCooldown <= 0 {
 			params.Channel = c.store.WorkChannel

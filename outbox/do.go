@@ -80,7 +80,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	case res.State == StatePending:
 		// A submitted key no dispatcher has taken yet: take it here.
 		claimedAt = time.Now()
-		claimed, err := c.claimPending(ctx, d.Key)
+		claimed, err := c.claimPending(ctx, d.Key, tool != nil && tool.Opts.ReplicatedClaim)
 		if errors.Is(err, store.ErrNoRows) {
 			// Not due yet (scheduled), or another claimer took it.
 			current, err := c.inProgress(ctx, d.Key)
@@ -129,14 +129,15 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	return recorded, nil
 }
 
-func (c *Client[TTx]) claimPending(ctx context.Context, key Key) (*store.ClaimedKey, error) {
+func (c *Client[TTx]) claimPending(ctx context.Context, key Key, replicated bool) (*store.ClaimedKey, error) {
 	ctx, cancel := c.statementContext(ctx)
 	defer cancel()
 	row, err := c.store.ClaimKey(ctx, &store.ClaimKeyParams{
-		Key:    string(key),
-		Lease:  c.config.Lease,
-		Worker: c.config.WorkerID,
-		Now:    c.nowParam(),
+		Key:        string(key),
+		Lease:      c.config.Lease,
+		Replicated: replicated,
+		Worker:     c.config.WorkerID,
+		Now:        c.nowParam(),
 	})
 	if err != nil && !errors.Is(err, store.ErrNoRows) {
 		return nil, fmt.Errorf("claim pending key: %w", err)

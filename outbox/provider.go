@@ -120,6 +120,24 @@ type ToolOpts struct {
 	// submitted pending waits for that Do. Defaults to false: dispatchers
 	// run the tool's registered provider.
 	InlineOnly bool
+	// ReplicatedClaim makes every claim of this tool's keys, by a
+	// dispatcher or by [Client.Do], commit only once the synchronous
+	// standbys applied it (synchronous_commit = remote_apply for the
+	// claiming statement alone), before the provider is called. Behind an
+	// asynchronous default (synchronous_commit = local) it keeps a failover
+	// from forgetting a claim whose provider acted: the promoted standby
+	// holds the key in flight, and the reconciler settles it by the tool's
+	// delivery (an [AtMostOnce] key goes to review, a [LookupByNaturalID]
+	// key is looked up) instead of calling the provider a second time. It
+	// takes effect only where synchronous_standby_names names the standby
+	// that would be promoted: with none, a commit waits for no standby, and
+	// the setting changes nothing. Each claim then waits a round trip to
+	// that standby; while it is gone, claims of the tool wait (under
+	// [Config.StatementTimeout], after which the dispatcher claims again).
+	// A batch of a dispatcher's claim holding such a key waits whole. See
+	// docs/high-availability.md. Defaults to false: a claim commits as the
+	// server's synchronous_commit says.
+	ReplicatedClaim bool
 }
 
 // Tool is a registered tool.

@@ -8,7 +8,9 @@
 -- KeyGetByKeyOrScope in a new statement: under READ COMMITTED only a new
 -- statement's snapshot sees a row that another transaction committed while
 -- this insert waited on the unique index. With a lease the key is claimed in
--- flight at once (the inline Do path). A pending key is due at the latest of
+-- flight at once (the inline Do path); with replicated set as well, the
+-- insert's commit waits until the synchronous standbys applied it, as a
+-- claim of OutboxClaimBatch does. A pending key is due at the latest of
 -- now, not_before and now + delay_ms (greatest ignores NULLs).
 INSERT INTO /* TEMPLATE: schema */pgonce_key (
     key,
@@ -68,7 +70,12 @@ RETURNING
             THEN pg_notify(@channel::text, '') IS NOT NULL
         ELSE false
     END)::boolean AS notified,
-    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now;
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
+    (CASE
+        WHEN pgonce_key.lease_until IS NOT NULL AND @replicated::boolean
+            THEN set_config('synchronous_commit', 'remote_apply', true) = 'remote_apply'
+        ELSE false
+    END)::boolean AS replicated;
 
 -- name: KeyGetByKeyOrScope :one
 -- KeyGetByKeyOrScope reads the row that made KeyInsert do nothing: the same

@@ -65,7 +65,17 @@ SELECT
     claimed.available_at::timestamptz AS available_at,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
-    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
+    -- replicated: a key of a tool in replicated_tools makes the claim's
+    -- commit wait until the synchronous standbys applied it
+    -- (ToolOpts.ReplicatedClaim). synchronous_commit is read at COMMIT, and
+    -- a local setting lasts until then, in the implicit transaction of this
+    -- one statement too; CASE runs set_config only for such keys.
+    (CASE
+        WHEN claimed.tool = ANY(@replicated_tools::text[])
+            THEN set_config('synchronous_commit', 'remote_apply', true) = 'remote_apply'
+        ELSE false
+    END)::boolean AS replicated
 FROM claimed
 ORDER BY claimed.key;
 
@@ -75,7 +85,8 @@ ORDER BY claimed.key;
 -- now is the database's clock at the claim, as in OutboxClaimBatch. A key
 -- never attempted is claimed only once due, so that a submit's not-before
 -- time holds for Do too; a key waiting out a backoff is claimed at once
--- (the caller asked now).
+-- (the caller asked now). With replicated set, the claim's commit waits
+-- until the synchronous standbys applied it, as in OutboxClaimBatch.
 UPDATE /* TEMPLATE: schema */pgonce_key
 SET
     attempt = pgonce_key.attempt + 1,
@@ -92,7 +103,12 @@ RETURNING
     pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
     pgonce_key.lease_until::timestamptz AS lease_until,
     pgonce_key.metadata,
-    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now;
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now,
+    (CASE
+        WHEN @replicated::boolean
+            THEN set_config('synchronous_commit', 'remote_apply', true) = 'remote_apply'
+        ELSE false
+    END)::boolean AS replicated;
 
 -- name: OutboxRelease :many
 -- OutboxRelease puts attempts that may be tried again back to pending, after

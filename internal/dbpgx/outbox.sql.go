@@ -14,7 +14,7 @@ const outboxClaimBatch = `-- name: OutboxClaimBatch :many
 
 WITH due AS (
     SELECT candidate.key
-    FROM unnest($2::text[]) AS served (tool)
+    FROM unnest($3::text[]) AS served (tool)
     CROSS JOIN LATERAL (
         SELECT
             pgonce_key.key,
@@ -25,18 +25,18 @@ WITH due AS (
             AND pgonce_key.lease_until IS NULL
             AND pgonce_key.available_at <= coalesce($1::timestamptz, now())
         ORDER BY pgonce_key.available_at
-        LIMIT $3::integer
+        LIMIT $4::integer
         FOR UPDATE SKIP LOCKED
     ) AS candidate
     ORDER BY candidate.available_at
-    LIMIT $3::integer
+    LIMIT $4::integer
 ),
 claimed AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         attempt = pgonce_key.attempt + 1,
-        lease_until = coalesce($1::timestamptz, now()) + $4::bigint * interval '1 millisecond',
-        worker = $5::text,
+        lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 millisecond',
+        worker = $6::text,
         first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now())
     FROM due
     WHERE pgonce_key.key = due.key
@@ -67,17 +67,28 @@ SELECT
     claimed.available_at::timestamptz AS available_at,
     -- now is the database's clock at the claim: the worker measures time
     -- since first_attempted_at from it, never from its own clock.
-    coalesce($1::timestamptz, now())::timestamptz AS now
+    coalesce($1::timestamptz, now())::timestamptz AS now,
+    -- replicated: a key of a tool in replicated_tools makes the claim's
+    -- commit wait until the synchronous standbys applied it
+    -- (ToolOpts.ReplicatedClaim). synchronous_commit is read at COMMIT, and
+    -- a local setting lasts until then, in the implicit transaction of this
+    -- one statement too; CASE runs set_config only for such keys.
+    (CASE
+        WHEN claimed.tool = ANY($2::text[])
+            THEN set_config('synchronous_commit', 'remote_apply', true) = 'remote_apply'
+        ELSE false
+    END)::boolean AS replicated
 FROM claimed
 ORDER BY claimed.key
 `
 
 type OutboxClaimBatchParams struct {
-	Now     *time.Time
-	Tools   []string
-	MaxRows int32
-	LeaseMs int64
-	Worker  string
+	Now             *time.Time
+	ReplicatedTools []string
+	Tools           []string
+	MaxRows         int32
+	LeaseMs         int64
+	Worker          string
 }
 
 type OutboxClaimBatchRow struct {
@@ -92,6 +103,7 @@ type OutboxClaimBatchRow struct {
 	Metadata         []byte
 	AvailableAt      time.Time
 	Now              time.Time
+	Replicated       bool
 }
 
 // The outbox is the set of open keys: a pending key has no lease, an
@@ -107,6 +119,7 @@ type OutboxClaimBatchRow struct {
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClaimBatchParams) ([]*OutboxClaimBatchRow, error) {
 	rows, err := db.Query(ctx, outboxClaimBatch,
 		arg.Now,
+		arg.ReplicatedTools,
 		arg.Tools,
 		arg.MaxRows,
 		arg.LeaseMs,
@@ -131,6 +144,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClai
 			&i.Metadata,
 			&i.AvailableAt,
 			&i.Now,
+			&i.Replicated,
 		); err != nil {
 			return nil, err
 		}
@@ -159,14 +173,20 @@ RETURNING
     pgonce_key.first_attempted_at::timestamptz AS first_attempted_at,
     pgonce_key.lease_until::timestamptz AS lease_until,
     pgonce_key.metadata,
-    coalesce($1::timestamptz, now())::timestamptz AS now
+    coalesce($1::timestamptz, now())::timestamptz AS now,
+    (CASE
+        WHEN $5::boolean
+            THEN set_config('synchronous_commit', 'remote_apply', true) = 'remote_apply'
+        ELSE false
+    END)::boolean AS replicated
 `
 
 type OutboxClaimKeyParams struct {
-	Now     *time.Time
-	LeaseMs int64
-	Worker  string
-	Key     []byte
+	Now        *time.Time
+	LeaseMs    int64
+	Worker     string
+	Key        []byte
+	Replicated bool
 }
 
 type OutboxClaimKeyRow struct {
@@ -176,6 +196,7 @@ type OutboxClaimKeyRow struct {
 	LeaseUntil       time.Time
 	Metadata         []byte
 	Now              time.Time
+	Replicated       bool
 }
 
 // OutboxClaimKey claims one pending key for the inline path. A concurrent
@@ -183,13 +204,15 @@ type OutboxClaimKeyRow struct {
 // now is the database's clock at the claim, as in OutboxClaimBatch. A key
 // never attempted is claimed only once due, so that a submit's not-before
 // time holds for Do too; a key waiting out a backoff is claimed at once
-// (the caller asked now).
+// (the caller asked now). With replicated set, the claim's commit waits
+// until the synchronous standbys applied it, as in OutboxClaimBatch.
 func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimKeyParams) (*OutboxClaimKeyRow, error) {
 	row := db.QueryRow(ctx, outboxClaimKey,
 		arg.Now,
 		arg.LeaseMs,
 		arg.Worker,
 		arg.Key,
+		arg.Replicated,
 	)
 	var i OutboxClaimKeyRow
 	err := row.Scan(
@@ -199,6 +222,7 @@ func (q *Queries) OutboxClaimKey(ctx context.Context, db DBTX, arg *OutboxClaimK
 		&i.LeaseUntil,
 		&i.Metadata,
 		&i.Now,
+		&i.Replicated,
 	)
 	return &i, err
 }

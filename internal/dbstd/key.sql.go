@@ -645,7 +645,12 @@ RETURNING
             THEN pg_notify($19::text, '') IS NOT NULL
         ELSE false
     END)::boolean AS notified,
-    coalesce($15::timestamptz, now())::timestamptz AS now
+    coalesce($15::timestamptz, now())::timestamptz AS now,
+    (CASE
+        WHEN pgonce_key.lease_until IS NOT NULL AND $20::boolean
+            THEN set_config('synchronous_commit', 'remote_apply', true) = 'remote_apply'
+        ELSE false
+    END)::boolean AS replicated
 `
 
 type KeyInsertParams struct {
@@ -668,6 +673,7 @@ type KeyInsertParams struct {
 	DelayMs        *int64
 	Worker         *string
 	Channel        string
+	Replicated     bool
 }
 
 type KeyInsertRow struct {
@@ -677,6 +683,7 @@ type KeyInsertRow struct {
 	LeaseUntil  *time.Time
 	Notified    bool
 	Now         time.Time
+	Replicated  bool
 }
 
 // KeyInsert writes the key claim, which is also its outbox entry, and
@@ -688,7 +695,9 @@ type KeyInsertRow struct {
 // KeyGetByKeyOrScope in a new statement: under READ COMMITTED only a new
 // statement's snapshot sees a row that another transaction committed while
 // this insert waited on the unique index. With a lease the key is claimed in
-// flight at once (the inline Do path). A pending key is due at the latest of
+// flight at once (the inline Do path); with replicated set as well, the
+// insert's commit waits until the synchronous standbys applied it, as a
+// claim of OutboxClaimBatch does. A pending key is due at the latest of
 // now, not_before and now + delay_ms (greatest ignores NULLs).
 func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) (*KeyInsertRow, error) {
 	row := db.QueryRowContext(ctx, keyInsert,
@@ -711,6 +720,7 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 		arg.DelayMs,
 		arg.Worker,
 		arg.Channel,
+		arg.Replicated,
 	)
 	var i KeyInsertRow
 	err := row.Scan(
@@ -720,6 +730,7 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 		&i.LeaseUntil,
 		&i.Notified,
 		&i.Now,
+		&i.Replicated,
 	)
 	return &i, err
 }

@@ -55,6 +55,9 @@ type NewKey struct {
 	// (the inline path); otherwise the key is pending.
 	Lease  time.Duration
 	Worker string
+	// ReplicatedClaim, with Lease, makes the insert commit only once the
+	// synchronous standbys applied it.
+	ReplicatedClaim bool
 	// Channel, when not empty, is notified when the key is inserted pending.
 	Channel string
 	// Now replaces the database's clock when not nil.
@@ -133,19 +136,26 @@ type ClaimedKey struct {
 
 // ClaimBatchParams are the parameters of [Store.ClaimBatch].
 type ClaimBatchParams struct {
-	Tools  []string
-	Max    int
-	Lease  time.Duration
-	Worker string
-	Now    *time.Time
+	Tools []string
+	// ReplicatedTools are the tools whose claims commit only once the
+	// synchronous standbys applied them: a batch holding a key of one of
+	// them waits so, whole.
+	ReplicatedTools []string
+	Max             int
+	Lease           time.Duration
+	Worker          string
+	Now             *time.Time
 }
 
 // ClaimKeyParams are the parameters of [Store.ClaimKey].
 type ClaimKeyParams struct {
-	Key    string
-	Lease  time.Duration
-	Worker string
-	Now    *time.Time
+	Key   string
+	Lease time.Duration
+	// Replicated makes the claim commit only once the synchronous standbys
+	// applied it.
+	Replicated bool
+	Worker     string
+	Now        *time.Time
 }
 
 // ReclaimExpiredParams are the parameters of [Store.ReclaimExpired].
@@ -288,11 +298,12 @@ func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*Claimed
 	var claimed []*ClaimedKey
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		rows, err := q.OutboxClaimBatch(ctx, db, &dbpgx.OutboxClaimBatchParams{
-			Now:     p.Now,
-			Tools:   p.Tools,
-			MaxRows: int32(p.Max), //nolint:gosec // bounded by the caller's batch size
-			LeaseMs: p.Lease.Milliseconds(),
-			Worker:  p.Worker,
+			Now:             p.Now,
+			Tools:           p.Tools,
+			ReplicatedTools: p.ReplicatedTools,
+			MaxRows:         int32(p.Max), //nolint:gosec // bounded by the caller's batch size
+			LeaseMs:         p.Lease.Milliseconds(),
+			Worker:          p.Worker,
 		})
 		for _, row := range rows {
 			claimed = append(claimed, &ClaimedKey{
@@ -320,10 +331,11 @@ func (s *Store) ClaimKey(ctx context.Context, p *ClaimKeyParams) (*ClaimedKey, e
 	var claimed *ClaimedKey
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.OutboxClaimKey(ctx, db, &dbpgx.OutboxClaimKeyParams{
-			Now:     p.Now,
-			LeaseMs: p.Lease.Milliseconds(),
-			Worker:  p.Worker,
-			Key:     keyDigest(p.Key),
+			Now:        p.Now,
+			LeaseMs:    p.Lease.Milliseconds(),
+			Worker:     p.Worker,
+			Key:        keyDigest(p.Key),
+			Replicated: p.Replicated,
 		})
 		if err != nil {
 			return err
@@ -708,6 +720,7 @@ func keyInsertParams(k *NewKey) *dbpgx.KeyInsertParams {
 		NotBefore:   k.NotBefore,
 		Now:         k.Now,
 		Channel:     k.Channel,
+		Replicated:  k.ReplicatedClaim && k.Lease > 0,
 	}
 	if k.Delivery != DeliveryByKey {
 		delivery := int16(k.Delivery) //nolint:gosec // one of the Delivery constants
