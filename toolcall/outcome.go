@@ -35,3 +35,18 @@ func (o Outcome) Text() string {
 func (o Outcome) IsError() bool {
 	return o.Observation().Status != outbox.ObservationSucceeded
 }
+
+// InProgress reports whether any of outs is still in progress: another
+// attempt holds the action, or a dispatcher has not run it within the wait.
+// A runtime had better not hand such an outcome to the model, which would ask
+// again in a later message, at a later position, which is another action:
+// run the same calls again after the observation's retry_after_ms instead,
+// and call the model once every call has an outcome.
+func InProgress(outs []Outcome) bool {
+	for _, out := range outs {
+		if out.Observation().Status == outbox.ObservationInProgress {
+			return true
+		}
+	}
+	return false
+}
