@@ -97,3 +97,13 @@ func TestOutcomeIsError(t *testing.T) {
 		require.True(t, out.IsError(), "%+v", out)
 	}
 }
+
+func TestRequestFromContext(t *testing.T) {
+	t.Parallel()
+	_, ok := toolcall.RequestFromContext(t.Context())
+	require.False(t, ok)
+	req := outbox.Request{Key: "k1_x", Tool: "refund", Attempt: 2}
+	got, ok := toolcall.RequestFromContext(toolcall.ContextWithRequest(t.Context(), req))
+	require.True(t, ok)
+	require.Equal(t, req, got)
+}
