@@ -134,6 +134,13 @@ func (e *Executor[TTx]) OutboxCall(c Call) (outbox.Call, error) {
 // conflict, a store that cannot be reached (unavailable) each read as their
 // observation.
 //
+// An inline call, once claimed, runs to its outcome and is recorded even if
+// ctx ends meanwhile (the provider runs under the client's
+// [outbox.Config.CallTimeout]), as a dispatcher drains its calls before it
+// stops: cut off, the action would stay in flight until its lease expired and
+// a reconciler settled it. ctx bounds the rest: a call not yet started, and
+// every wait.
+//
 // After [Executor.SubmitTx] and its commit, Run with the same calls runs (or
 // waits for) what was submitted.
 func (e *Executor[TTx]) Run(ctx context.Context, calls ...Call) []Outcome {
@@ -161,7 +168,15 @@ func (e *Executor[TTx]) run(ctx context.Context, c Call) Outcome {
 			return e.wait(ctx, out, res, err)
 		}
 	default:
-		res, err = e.client.Do(ctx, call, nil)
+		if err := ctx.Err(); err != nil {
+			out.Err = err // not started: nothing claimed
+			return out
+		}
+		// Once claimed, the call runs to its outcome and is recorded even
+		// if ctx ends meanwhile, under the client's CallTimeout: an attempt
+		// cut off would leave the action in flight until its lease expired
+		// and a reconciler settled it.
+		res, err = e.client.Do(context.WithoutCancel(ctx), call, nil)
 		// Another attempt holds the action (or it is scheduled): wait for
 		// it. A provider failure of this attempt left the key pending, and
 		// the next ask retries it at once: nothing to wait for.

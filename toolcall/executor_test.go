@@ -356,6 +356,30 @@ func testExecutor[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 		require.Equal(t, 1, b.ledger.refunds(t))
 	})
 
+	t.Run("TheCallersContextDoesNotCutAStartedCallOff", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, d, toolcall.Config{})
+		// An at-most-once tool: cut off, its attempt would be uncertain and
+		// go to review.
+		ctx, cancel := context.WithCancel(t.Context())
+		require.NoError(t, b.registry.Register("charge", outbox.ProviderFunc(func(pctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			cancel() // the runtime gives up while the provider runs
+			if err := pctx.Err(); err != nil {
+				return nil, err
+			}
+			return json.RawMessage(`{"charge_id": "ch_1"}`), nil
+		}), outbox.AtMostOnce))
+		out := b.exec.Run(ctx, turn.Call(0, "call_1", "charge", `{"amount": "5.00"}`))[0]
+		require.NoError(t, out.Err)
+		require.Equal(t, outbox.ObservationSucceeded, out.Observation().Status, out.Text())
+
+		// A call not started yet is not claimed at all.
+		out = b.exec.Run(ctx, refund)[0]
+		require.ErrorIs(t, out.Err, context.Canceled)
+		require.Equal(t, outbox.ObservationUnavailable, out.Observation().Status)
+		require.Equal(t, int64(0), b.ledger.calls.Load())
+	})
+
 	t.Run("CrashAfterTheProviderActedThenRestart", func(t *testing.T) {
 		t.Parallel()
 		testCrash(t, d)
