@@ -61,6 +61,9 @@ type ledger struct {
 	calls atomic.Int64
 	// before runs before the refund and after runs after it, when set.
 	before, after func(ctx context.Context) error
+	// detached refunds whatever the call's deadline: a crashed process's
+	// provider, which must act before it hangs however slow the machine.
+	detached bool
 }
 
 func newLedger(t *testing.T, schema string) *ledger {
@@ -76,7 +79,7 @@ func newLedger(t *testing.T, schema string) *ledger {
 // withHooks returns a provider over the same ledger with other hooks: the
 // provider of another process.
 func (l *ledger) withHooks(before, after func(ctx context.Context) error) *ledger {
-	return &ledger{pool: l.pool, table: l.table, before: before, after: after}
+	return &ledger{pool: l.pool, table: l.table, before: before, after: after, detached: true}
 }
 
 func (l *ledger) Call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
@@ -92,6 +95,9 @@ func (l *ledger) Call(ctx context.Context, req outbox.Request) (json.RawMessage,
 	}
 	if err := json.Unmarshal(req.Args, &args); err != nil {
 		return nil, outbox.Permanent(err)
+	}
+	if l.detached {
+		ctx = context.WithoutCancel(ctx)
 	}
 	if _, err := l.pool.Exec(ctx, `INSERT INTO `+l.table+` (key, order_id, amount) VALUES ($1, $2, $3)
 		ON CONFLICT (key) DO NOTHING`, string(req.Key), args.Order, args.Amount); err != nil {
@@ -174,7 +180,11 @@ func crashedProcess(t *testing.T, b *bundle, ask func(ctx context.Context, clien
 		close(dead)
 		<-done
 	})
-	<-acted
+	select {
+	case <-acted:
+	case <-done:
+		t.Fatal("the crashed process ended before its provider acted")
+	}
 }
 
 // reconcileUntilResolved runs the reconciler over client until it has
