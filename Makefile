@@ -13,6 +13,10 @@ GOLANGCI_LINT := $(GOBIN)/golangci-lint
 # The telemetry package's tests with the OpenTelemetry SDK: a module of its
 # own, never released, so that the SDK stays out of pgonce's go.mod.
 SDKTEST       := telemetry/internal/sdktest
+# The agent adapters: modules of their own beside the library, so that no
+# agent SDK ever enters the core module's graph (docs/agents.md).
+AGENT_MODULES := agents/pgonceopenai agents/pgonceanthropic agents/pgoncemcp
+AGENT_SDKS    := github.com/(openai/openai-go|anthropics/anthropic-sdk-go|modelcontextprotocol/go-sdk)
 
 .DEFAULT_GOAL := help
 
@@ -37,11 +41,14 @@ verify: tools ## Fail when generated code is stale, code is unformatted or vet c
 	go mod verify
 	cd $(SDKTEST) && go vet ./... && go mod verify
 	@! go list -deps -test ./... | grep -x 'go.opentelemetry.io/otel/sdk.*' || { echo 'the OpenTelemetry SDK must stay out of the core module: test telemetry with it in $(SDKTEST)'; exit 1; }
+	@set -e; for m in $(AGENT_MODULES); do echo "vet $$m"; (cd $$m && go vet ./... && go mod verify); done
+	@! go list -deps -test ./... | grep -E '^$(AGENT_SDKS)' || { echo 'agent SDKs must stay out of the core module: adapters live in $(AGENT_MODULES)'; exit 1; }
 
 .PHONY: lint
 lint: tools ## Run golangci-lint
 	$(GOLANGCI_LINT) run ./...
 	cd $(SDKTEST) && $(GOLANGCI_LINT) run ./...
+	@set -e; for m in $(AGENT_MODULES); do echo "lint $$m"; (cd $$m && $(GOLANGCI_LINT) run ./...); done
 
 .PHONY: setup
 setup: ## Start or install PostgreSQL and install what the tests need when missing (.ci/setup)
@@ -52,6 +59,7 @@ test: setup ## Run the tests against PostgreSQL, the fault campaign's quick prof
 	@rm -f $(FAULTS_SUMMARY)
 	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 ./...
 	cd $(SDKTEST) && go test -race -count=1 ./...
+	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go test -race -count=1 ./...); done
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
 
 .PHONY: demo
@@ -74,6 +82,7 @@ failover: ## Run the failover campaign in every replication mode and print its f
 test/short: ## Run the tests without the race detector
 	go test -count=1 ./...
 	cd $(SDKTEST) && go test -count=1 ./...
+	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go test -count=1 ./...); done
 
 # Each fuzz target runs for FUZZTIME; plain `go test` runs only the seed
 # corpora in testdata/fuzz, which is what CI does.
@@ -126,7 +135,8 @@ bench-instructions: ## Count PostgreSQL's instructions per submit and per draine
 	bench/instructions.sh
 
 .PHONY: tidy
-tidy: ## go mod tidy, of the core module, of the telemetry SDK tests' own and of bench/
+tidy: ## go mod tidy, of the core module, of the telemetry SDK tests' own, of bench/ and of the agent adapters
 	go mod tidy
 	cd $(SDKTEST) && go mod tidy
 	cd bench && go mod tidy
+	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go mod tidy); done

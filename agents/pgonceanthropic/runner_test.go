@@ -1,0 +1,191 @@
+package pgonceanthropic_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/toolrunner"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/agents/pgonceanthropic"
+	"github.com/pgonce/pgonce/outbox"
+	"github.com/pgonce/pgonce/toolcall"
+)
+
+// newRefundTool is a tool of a tool runner, as its users write them: it
+// refunds through the ledger, with the key pgonce passes it.
+func newRefundTool(l *ledger, executed *atomic.Int64, fail error) anthropic.BetaTool {
+	return toolrunner.NewBetaTool("refund", "Refunds an order.",
+		anthropic.BetaToolInputSchemaParam{Properties: map[string]any{
+			"order":  map[string]any{"type": "integer"},
+			"amount": map[string]any{"type": "string"},
+		}},
+		func(ctx context.Context, input json.RawMessage) (anthropic.BetaToolResultBlockParamContentUnion, error) {
+			executed.Add(1)
+			if fail != nil {
+				return anthropic.BetaToolResultBlockParamContentUnion{}, fail
+			}
+			req, ok := toolcall.RequestFromContext(ctx)
+			if !ok {
+				return anthropic.BetaToolResultBlockParamContentUnion{}, errors.New("no pgonce request")
+			}
+			resp, err := l.Call(ctx, req)
+			if err != nil {
+				return anthropic.BetaToolResultBlockParamContentUnion{}, err
+			}
+			return anthropic.BetaToolResultBlockParamContentUnion{OfText: &anthropic.BetaTextBlockParam{Text: "refunded: " + string(resp)}}, nil
+		})
+}
+
+// runnerProcess is one process of a runtime that runs a tool runner: its
+// client, with the refund tool registered, and its executor.
+func runnerProcess(t *testing.T, b *bundle, tool anthropic.BetaTool, config outbox.Config) *pgonceanthropic.Executor[pgx.Tx] {
+	t.Helper()
+	return newExecutor(t, newClient(t, b.schema, pgonceanthropic.Provider(tool), config), toolcall.Config{Wait: -1})
+}
+
+// runTurn runs a new tool runner over the user's message to completion,
+// with the tools exec makes exactly-once.
+func runTurn(t *testing.T, ctx context.Context, ai anthropic.Client, exec *pgonceanthropic.Executor[pgx.Tx], tool anthropic.BetaTool) error {
+	t.Helper()
+	var runner *anthropic.BetaToolRunner
+	tools, err := exec.RunnerTools(pgonceanthropic.RunnerConfig{
+		RunID:    "run-1",
+		Messages: func() []anthropic.BetaMessageParam { return runner.Messages() },
+	}, tool)
+	require.NoError(t, err)
+	runner = ai.Beta.Messages.NewToolRunner(tools, anthropic.BetaToolRunnerParams{
+		BetaMessageNewParams: anthropic.BetaMessageNewParams{
+			Model: "claude-test", MaxTokens: 1024,
+			Messages: []anthropic.BetaMessageParam{anthropic.NewBetaUserMessage(anthropic.NewBetaTextBlock("Refund order 8842, 42.00."))},
+		},
+		DisableThread: true,
+	})
+	_, err = runner.RunToCompletion(ctx)
+	return err
+}
+
+func TestRunnerTools(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AnExistingRunnerBecomesExactlyOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		model, ai := newFakeModel(t)
+		var executed atomic.Int64
+		tool := newRefundTool(b.ledger, &executed, nil)
+		exec := runnerProcess(t, b, tool, outbox.Config{})
+		// Two identical calls in one message are two positions, two
+		// actions; asked again, each reads its own outcome.
+		calls := []toolUse{
+			{"toolu_1", "refund", `{"order":8842,"amount":"42.00"}`},
+			{"toolu_2", "refund", `{"order":8842,"amount":"42.00"}`},
+			{"toolu_3", "refund", `{"order":8843,"amount":"7.50"}`},
+		}
+		model.reply(reply(calls...), reply())
+		require.NoError(t, runTurn(t, t.Context(), ai, exec, tool))
+		first := toolResults(t, model.request(1))
+		require.Len(t, first, 3)
+		for _, c := range calls {
+			require.False(t, first[c.id].isError, first[c.id].text)
+			require.Regexp(t, `^refunded: \{"refund_id": "re_\d",  "order": 884\d, "amount": "[0-9.]+"\}$`, first[c.id].text)
+		}
+		require.NotEqual(t, first["toolu_1"].text, first["toolu_2"].text)
+		require.Equal(t, 3, b.ledger.refunds(t))
+
+		// The runtime runs the turn again (its result was never persisted):
+		// the model writes the same calls with new ids and re-spelled input.
+		model.reply(reply(
+			toolUse{"toolu_4", "refund", `{"amount":"42.00","order":8842}`},
+			toolUse{"toolu_5", "refund", `{"amount":"42.00","order":8842}`},
+			toolUse{"toolu_6", "refund", `{"amount":"7.50","order":8843.0}`},
+		), reply())
+		require.NoError(t, runTurn(t, t.Context(), ai, exec, tool))
+		again := toolResults(t, model.request(3))
+		require.ElementsMatch(t,
+			[]string{first["toolu_1"].text, first["toolu_2"].text, first["toolu_3"].text},
+			[]string{again["toolu_4"].text, again["toolu_5"].text, again["toolu_6"].text})
+		require.Equal(t, 3, b.ledger.refunds(t))
+		require.Equal(t, int64(3), executed.Load(), "the tool ran once per action")
+	})
+
+	t.Run("CrashAfterTheToolActedThenRestart", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		model, ai := newFakeModel(t)
+		var executed atomic.Int64
+		model.reply(reply(toolUse{"toolu_1", "refund", `{"order":8842,"amount":"42.00"}`}))
+		crashedProcess(t, b, func(ctx context.Context, client *outbox.Client[pgx.Tx]) {
+			// The process's tool refunds through the crashing provider the
+			// client was made with; the runner's tool only names it.
+			exec := newExecutor(t, client, toolcall.Config{})
+			_ = runTurn(t, ctx, ai, exec, newRefundTool(b.ledger, &executed, nil))
+		})
+		require.Equal(t, 1, b.ledger.refunds(t))
+
+		tool := newRefundTool(b.ledger, &executed, nil)
+		exec := runnerProcess(t, b, tool, outbox.Config{})
+		model.reply(reply(toolUse{"toolu_2", "refund", `{"amount":"42.00","order":8842}`}), reply())
+		require.NoError(t, runTurn(t, t.Context(), ai, exec, tool))
+		inProgress := toolResults(t, model.request(2))["toolu_2"]
+		require.True(t, inProgress.isError)
+		require.Regexp(t, `^Error: \{"status":"in_progress",`, inProgress.text, "before the lease expires")
+
+		reconcileUntilResolved(t, b.client)
+		for i := range 2 {
+			model.reply(reply(toolUse{"toolu_3", "refund", `{"amount":"42.00","order":8842}`}), reply())
+			require.NoError(t, runTurn(t, t.Context(), ai, exec, tool))
+			read := toolResults(t, model.request(4+2*i))["toolu_3"]
+			require.False(t, read.isError, read.text)
+			require.Equal(t, `refunded: {"refund_id": "re_1",  "order": 8842, "amount": "42.00"}`, read.text)
+		}
+		require.Equal(t, 1, b.ledger.refunds(t), "one refund, whatever the crash")
+	})
+
+	t.Run("AToolErrorIsItsAnswerStoredAndReplayed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		model, ai := newFakeModel(t)
+		var executed atomic.Int64
+		tool := newRefundTool(b.ledger, &executed, errors.New("order 8842 was never paid"))
+		exec := runnerProcess(t, b, tool, outbox.Config{})
+		var texts []string
+		for i := range 2 {
+			model.reply(reply(toolUse{"toolu_1", "refund", `{"order":8842,"amount":"42.00"}`}), reply())
+			require.NoError(t, runTurn(t, t.Context(), ai, exec, tool))
+			read := toolResults(t, model.request(1+2*i))["toolu_1"]
+			require.True(t, read.isError)
+			texts = append(texts, read.text)
+		}
+		require.Regexp(t, `^Error: \{"status":"failed","key":"k1_[0-9a-f]{64}","failure":\{"error":"order 8842 was never paid"\}\}$`, texts[0])
+		require.Equal(t, texts[0], texts[1])
+		require.Equal(t, int64(1), executed.Load())
+	})
+
+	t.Run("ACallOutsideTheConversationNeverRuns", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var executed atomic.Int64
+		tool := newRefundTool(b.ledger, &executed, nil)
+		exec := runnerProcess(t, b, tool, outbox.Config{})
+		var conversation []anthropic.BetaMessageParam
+		tools, err := exec.RunnerTools(pgonceanthropic.RunnerConfig{RunID: "run-1", Messages: func() []anthropic.BetaMessageParam { return conversation }}, tool)
+		require.NoError(t, err)
+		_, err = tools[0].Execute(t.Context(), json.RawMessage(`{"order":8842,"amount":"42.00"}`))
+		require.ErrorIs(t, err, pgonceanthropic.ErrNotInConversation)
+		conversation = []anthropic.BetaMessageParam{{OfAssistant: &anthropic.BetaAssistantMessageParam{Content: []anthropic.BetaContentBlockParamUnion{
+			{OfToolUse: &anthropic.BetaToolUseBlockParam{ID: "toolu_1", Name: "refund", Input: json.RawMessage(`{"order":8843,"amount":"1.00"}`)}},
+		}}}}
+		_, err = tools[0].Execute(t.Context(), json.RawMessage(`{"order":8842,"amount":"42.00"}`))
+		require.ErrorIs(t, err, pgonceanthropic.ErrNotInConversation)
+		require.Equal(t, int64(0), executed.Load())
+
+		_, err = exec.RunnerTools(pgonceanthropic.RunnerConfig{RunID: "run-1"}, tool)
+		require.ErrorIs(t, err, pgonceanthropic.ErrInvalidRunner)
+	})
+}

@@ -1,0 +1,11 @@
+package toolcall_test
+
+import (
+	"testing"
+
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+)
+
+func TestMain(m *testing.M) {
+	pgoncetest.Main(m)
+}
