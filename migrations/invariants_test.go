@@ -54,6 +54,11 @@ func TestKeyInvariantsRefuseBrokenRows(t *testing.T) {
 		{"pgonce_key_tool_settings_check", "metadata = '{'"},
 		{"pgonce_key_call_check", "tool = NULL"},
 		{"pgonce_key_call_check", "state = 'expired', available_at = NULL, updated_at = NULL, completed_at = now(), forget_at = now()"},
+		{"pgonce_key_expired_state_check", "expired_state = 'succeeded'"},
+		{"pgonce_key_expired_state_check", "state = 'expired', available_at = NULL, updated_at = NULL, completed_at = now(), forget_at = now(), " +
+			"tool = NULL, args = NULL, step = NULL, run_id = NULL"},
+		{"pgonce_key_expired_state_check", "state = 'expired', available_at = NULL, updated_at = NULL, completed_at = now(), forget_at = now(), " +
+			"tool = NULL, args = NULL, step = NULL, run_id = NULL, expired_state = 'open'"},
 	} {
 		t.Run(tc.set, func(t *testing.T) {
 			_, err := pool.Exec(ctx, `UPDATE `+table+` SET `+tc.set)

@@ -60,7 +60,10 @@
 // pending key and
 // [Client.Retry] runs a failed or cancelled key again; [Client.Resolve]
 // decides a key in review. Each is recorded with who and why, and none
-// touches a key in flight. [Call.NotBefore] and [Call.Delay] schedule a
+// touches a key in flight. [Client.Search] finds keys by what an operator
+// knows of a call (an order id in its arguments, a natural id, a business
+// key, a run id), and [Client.Inspect] shows every attempt of a key
+// ([Inspection.AttemptHistory]). [Call.NotBefore] and [Call.Delay] schedule a
 // call; [Call.Metadata] travels with it to the provider without being part
 // of its key.
 package outbox

@@ -15,7 +15,7 @@ import (
 func tableHashes(t *testing.T, schema string) map[string]string {
 	t.Helper()
 	hashes := make(map[string]string)
-	for _, table := range []string{"pgonce_key", "pgonce_resolution"} {
+	for _, table := range []string{"pgonce_key", "pgonce_resolution", "pgonce_attempt"} {
 		var hash string
 		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
 			`SELECT count(*) || ':' || coalesce(md5(string_agg(t::text, ',' ORDER BY t::text)), '') FROM `+

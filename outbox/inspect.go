@@ -41,6 +41,20 @@ type Inspection struct {
 	// uses; zero for a tombstone.
 	Delivery     Delivery
 	KeyRetention time.Duration
+	// AttemptHistory is every attempt of the key, in attempt order: its
+	// start, worker, how it ended and why it did not succeed. A key that
+	// did not finish at its first attempt keeps each attempt when it ends
+	// (retried, gone to review, failed, its lease run out, and the one that
+	// finally succeeded); the attempt in flight now comes last, read from
+	// its lease; a key that succeeded at its first attempt, which keeps no
+	// attempt, shows that one from its own times, without a worker. A
+	// tombstone keeps none, nor does a key whose attempts ended before
+	// pgonce kept them.
+	AttemptHistory []AttemptRecord
+	// ExpiredFrom is, for a tombstone ([StateExpired]), the state its key
+	// finished in before retention pruned it: [StateSucceeded],
+	// [StateFailed] or [StateCancelled]. Empty for every other key.
+	ExpiredFrom State
 }
 
 // QueueEntry is the outbox entry of an open key: its queue fields.
@@ -85,9 +99,11 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 		if row.ExpiresAt != nil {
 			inspection.ExpiresAt = *row.ExpiresAt
 		}
-		if inspection.Args, err = c.store.Args(ctx, string(key)); err != nil {
+		details, err := c.store.KeyDetails(ctx, string(key))
+		if err != nil {
 			return err
 		}
+		inspection.Args, inspection.ExpiredFrom = details.Args, State(details.ExpiredState)
 		if inspection.Fingerprint == "" && inspection.Args != nil {
 			// A step call's fingerprint is not stored: its key covers it.
 			inspection.Fingerprint = fingerprint(row.Tool, inspection.Args)
@@ -115,6 +131,11 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 				Action: ResolutionAction(r.Action), By: r.ResolvedBy, Reason: r.Reason, ResolvedAt: r.ResolvedAt,
 			})
 		}
+		kept, err := c.store.Attempts(ctx, string(key))
+		if err != nil {
+			return err
+		}
+		inspection.AttemptHistory = attemptHistory(inspection.Result, inspection.Queue, details, kept)
 		return nil
 	}()
 	if errors.Is(err, store.ErrNoRows) {

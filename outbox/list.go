@@ -19,8 +19,19 @@ const (
 	ListLimitMax = 1000
 )
 
-// listStates are the states [Client.List] can list: the keys an operator
-// acts on.
+// ListWindowMax is the widest window of creation times in which
+// [Client.List] lists succeeded keys and tombstones: a day. Those keys,
+// nearly all of a large table, are in no index by state; a page of them
+// reads the window's keys from its cursor on (through the BRIN index on
+// creation time), so a day of keys is what one page may read.
+const ListWindowMax = 24 * time.Hour
+
+// ListArgsBytes is how many of a listed key's canonical arguments
+// [ListedKey.Args] holds.
+const ListArgsBytes = 256
+
+// listStates are the states [Client.List] lists by default: the keys an
+// operator acts on.
 var listStates = []State{StatePending, StateInFlight, StateFailed, StateNeedsReview, StateCancelled}
 
 // ListParams select the keys [Client.List] returns. The zero value lists
@@ -28,10 +39,14 @@ var listStates = []State{StatePending, StateInFlight, StateFailed, StateNeedsRev
 type ListParams struct {
 	// States are the states to list: [StatePending], [StateInFlight],
 	// [StateFailed], [StateNeedsReview] and [StateCancelled], the keys an
-	// operator acts on. Empty means all of them. Succeeded keys and
-	// tombstones, nearly all of a large table, are read by key
-	// ([Client.Get], [Client.Inspect]): indexing them for a list would cost
-	// every finished key bytes of its own.
+	// operator acts on, and, within a window, [StateSucceeded] and
+	// [StateExpired]. Empty means the five an operator acts on. Succeeded
+	// keys and tombstones, nearly all of a large table, are listed only
+	// with CreatedAfter set and a window of at most [ListWindowMax] (to
+	// CreatedBefore, or now): indexing them by state would cost every
+	// finished key bytes of its own, so a page of them reads the window's
+	// keys from its cursor on. Read one by key with [Client.Get] or
+	// [Client.Inspect], or find it with [Client.Search].
 	States []State
 	// Tool, Tenant and RunID, when not empty, list only keys of that tool,
 	// tenant or run.
@@ -59,6 +74,12 @@ type ListedKey struct {
 	RunID       string
 	Step        int64
 	BusinessKey string
+	// Args are the first [ListArgsBytes] bytes of the call's canonical
+	// arguments, which may end inside a character, and ArgsSize the
+	// length of all of them: what the call asked, at a glance. Empty for
+	// a tombstone.
+	Args     []byte
+	ArgsSize int
 }
 
 // ListResult is one page of [Client.List].
@@ -76,7 +97,9 @@ type ListResult struct {
 // every page costs the same however large the table and however deep the
 // listing: a key created while a listing runs appears in a later page if it
 // sorts after the cursor. Each page is one statement; pages are not one
-// snapshot.
+// snapshot. Succeeded keys and tombstones are listed within a window of
+// creation times (see [ListParams.States]), read through the BRIN index on
+// creation time: a page costs what the window holds from its cursor on.
 //
 // Only the states of [ListParams.States] are listed. It returns [ErrInvalidParams]
 // for another state, a limit out of range or a cursor List did not return;
@@ -110,6 +133,7 @@ func (c *Client[TTx]) listParams(params ListParams) (*store.ListParams, error) {
 		Tenant:         params.Tenant,
 		RunID:          params.RunID,
 		AfterCreatedAt: params.CreatedAfter,
+		ArgsBytes:      ListArgsBytes,
 		Max:            params.Limit,
 		Now:            c.nowParam(),
 	}
@@ -126,23 +150,40 @@ func (c *Client[TTx]) listParams(params ListParams) (*store.ListParams, error) {
 	if len(states) == 0 {
 		states = listStates
 	}
+	windowed := false
 	for _, state := range states {
 		switch state {
 		case StatePending:
 			p.Pending = true
 		case StateInFlight:
 			p.InFlight = true
+		case StateSucceeded, StateExpired:
+			windowed = true
+			fallthrough
 		case StateFailed, StateNeedsReview, StateCancelled:
 			if !slices.Contains(p.States, string(state)) {
 				p.States = append(p.States, string(state))
 			}
 			continue
 		default:
-			return nil, fmt.Errorf("%w: state %q cannot be listed; list one of %v, and read succeeded keys by key", ErrInvalidParams, state, listStates)
+			return nil, fmt.Errorf("%w: state %q cannot be listed; list one of %v, or succeeded and expired within a window", ErrInvalidParams, state, listStates)
 		}
 		if !slices.Contains(p.States, dbStateOpen) {
 			p.States = append(p.States, dbStateOpen)
 		}
+	}
+	if windowed {
+		before := params.CreatedBefore
+		if before.IsZero() {
+			before = c.now()
+		}
+		switch {
+		case params.CreatedAfter.IsZero():
+			return nil, fmt.Errorf("%w: succeeded keys and tombstones are listed within a window: set CreatedAfter, at most %s before CreatedBefore or now", ErrInvalidParams, ListWindowMax)
+		case before.Sub(params.CreatedAfter) > ListWindowMax:
+			return nil, fmt.Errorf("%w: succeeded keys and tombstones are listed within a window of at most %s, got %s", ErrInvalidParams, ListWindowMax, before.Sub(params.CreatedAfter).Round(time.Second))
+		}
+		p.Window, p.CreatedBefore = ptr(params.CreatedAfter), ptr(before)
 	}
 	if params.Cursor != "" {
 		createdAt, key, err := decodeCursor(params.Cursor)
@@ -172,7 +213,10 @@ func (c *Client[TTx]) listedKey(row *store.ListedKey) ListedKey {
 		LeaseUntil:  row.LeaseUntil,
 		Now:         row.Now,
 	}, false)
-	return ListedKey{Result: res, Tenant: row.Tenant, RunID: row.RunID, Step: row.Step, BusinessKey: row.BusinessKey}
+	return ListedKey{
+		Result: res, Tenant: row.Tenant, RunID: row.RunID, Step: row.Step, BusinessKey: row.BusinessKey,
+		Args: row.ArgsHead, ArgsSize: row.ArgsSize,
+	}
 }
 
 // cursorPrefix versions the cursor's text.

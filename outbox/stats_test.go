@@ -285,7 +285,7 @@ func fillKeys(tb testing.TB, ctx context.Context, schema string, n int) {
 	_, err := pool.Exec(ctx, `
 INSERT INTO `+quoted+`.pgonce_key (
     key, scope, run_id, step, tool, args, state, attempt, response, failure,
-    created_at, available_at, lease_until, worker, updated_at, completed_at, expires_at, forget_at
+    created_at, available_at, lease_until, worker, updated_at, completed_at, expires_at, forget_at, expired_state
 )
 SELECT
     sha256(int8send(i)),
@@ -307,7 +307,8 @@ SELECT
     CASE WHEN s.state IN ('open', 'needs_review') THEN now() END,
     CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() END,
     CASE WHEN s.state IN ('succeeded', 'failed', 'cancelled') THEN now() + interval '30 days' END,
-    CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() + interval '365 days' END
+    CASE WHEN s.state NOT IN ('open', 'needs_review') THEN now() + interval '365 days' END,
+    CASE WHEN s.state = 'expired' THEN 'succeeded'::`+quoted+`.pgonce_state END
 FROM generate_series(1, $1::bigint) AS i
 CROSS JOIN LATERAL (
     SELECT CASE

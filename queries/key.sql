@@ -184,10 +184,10 @@ JOIN /* TEMPLATE: schema */pgonce_key ON pgonce_key.scope = decode(wanted.scope,
 -- name: KeyExpire :one
 -- KeyExpire turns up to max_rows finished keys past their retention into
 -- compact tombstones, in place: only what a late duplicate needs stays (key,
--- scope, fingerprint, completion and forget times), and so do the index
--- entries on key and scope, so that a concurrent or late duplicate conflicts
--- with the tombstone and never runs. The key's operator decisions go with
--- its call. The tombstone lasts until the forget_at fixed when the key
+-- scope, fingerprint, completion and forget times, and the state the key
+-- finished in), and so do the index entries on key and scope, so that a
+-- concurrent or late duplicate conflicts with the tombstone and never runs.
+-- The key's operator decisions and attempts go with its call. The tombstone lasts until the forget_at fixed when the key
 -- finished. Only succeeded, failed and cancelled keys have an expiry;
 -- pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
 -- pruning run beside anything else without waiting, and small batches keep
@@ -205,6 +205,7 @@ expired AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = 'expired',
+        expired_state = pgonce_key.state,
         tenant = NULL,
         run_id = NULL,
         step = NULL,
@@ -229,6 +230,11 @@ decisions AS (
     DELETE FROM /* TEMPLATE: schema */pgonce_resolution
     USING expired
     WHERE pgonce_resolution.key = expired.key
+),
+attempts AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_attempt
+    USING expired
+    WHERE pgonce_attempt.key = expired.key
 )
 SELECT count(*)::bigint AS expired
 FROM expired;
@@ -282,11 +288,6 @@ FROM /* TEMPLATE: schema */pgonce_key
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
--- name: KeyGetArgs :one
-SELECT pgonce_key.args
-FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = @key::bytea;
-
 -- name: KeyList :many
 -- KeyList pages through keys in creation order, (created_at, key), one
 -- state at a time on pgonce_key_list_idx: each wanted state reads its own
@@ -311,6 +312,8 @@ SELECT
     listed.available_at,
     listed.lease_until,
     listed.last_error,
+    listed.args_head,
+    listed.args_size,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM unnest(string_to_array(@states::text, ',')) AS wanted (state)
 CROSS JOIN LATERAL (
@@ -328,7 +331,11 @@ CROSS JOIN LATERAL (
         pgonce_key.completed_at,
         coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
         pgonce_key.lease_until,
-        pgonce_key.last_error
+        pgonce_key.last_error,
+        -- The arguments' first bytes, for a list that shows what each call
+        -- asked.
+        substring(pgonce_key.args FROM 1 FOR @args_bytes::integer)::bytea AS args_head,
+        coalesce(octet_length(pgonce_key.args), 0)::integer AS args_size
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.state = wanted.state::/* TEMPLATE: schema */pgonce_state
         -- The index's predicate, spelled as it is so that the planner can

@@ -35,7 +35,11 @@ claimed AS (
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
         worker = @worker::text,
-        first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now())
+        first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now()),
+        -- An in-flight key last changed when its attempt claimed it: the
+        -- attempt's start, which pgonce_attempt keeps if the attempt does
+        -- not finish the key.
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM due
     WHERE pgonce_key.key = due.key
     RETURNING
@@ -92,7 +96,8 @@ SET
     attempt = pgonce_key.attempt + 1,
     lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
     worker = @worker::text,
-    first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now())
+    first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now()),
+    updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
 WHERE pgonce_key.key = @key::bytea
     AND pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
@@ -138,7 +143,36 @@ updated AS (
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN released.attempt
         END
-    RETURNING pgonce_key.key
+    RETURNING
+        pgonce_key.key,
+        released.ambiguous,
+        released.last_error
+),
+-- A released attempt did not finish its key: pgonce_attempt keeps it, with
+-- its claim time and worker from the row as the attempt left it (every part
+-- of the statement reads one snapshot, so held sees the row before updated
+-- changed it; the fence made sure no other writer came in between).
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome,
+        error
+    )
+    SELECT
+        held.key,
+        held.attempt,
+        held.updated_at,
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        held.worker,
+        CASE WHEN updated.ambiguous THEN 'uncertain' ELSE 'retry' END,
+        nullif(updated.last_error, '')
+    FROM updated
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    ON CONFLICT DO NOTHING
 ),
 notified AS (
     SELECT pg_notify(@channel::text, '')
@@ -208,7 +242,38 @@ updated AS (
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN outcome.attempt
         END
-    RETURNING pgonce_key.key
+    RETURNING
+        pgonce_key.key,
+        outcome.attempt,
+        outcome.state,
+        outcome.last_error
+),
+-- The attempts of keys that did not succeed the first time are kept in
+-- pgonce_attempt, as in OutboxRelease; a key that succeeded at its first
+-- attempt, nearly every key, writes nothing there and reads no row for it.
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome,
+        error
+    )
+    SELECT
+        held.key,
+        held.attempt,
+        held.updated_at,
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        held.worker,
+        updated.state,
+        nullif(updated.last_error, '')
+    FROM updated
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    WHERE updated.state <> 'succeeded'
+        OR updated.attempt > 1
+    ON CONFLICT DO NOTHING
 ),
 -- One notification carries up to 100 comma-separated keys in their text
 -- form (k1_<hex>), well within the 8000-byte payload limit: a notification
@@ -252,7 +317,11 @@ ORDER BY pgonce_key.tool;
 -- keeps concurrent reconcilers off each other's keys, and a live lease is
 -- never touched.
 WITH expired AS (
-    SELECT pgonce_key.key
+    SELECT
+        pgonce_key.key,
+        pgonce_key.attempt,
+        pgonce_key.updated_at,
+        pgonce_key.worker
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.lease_until IS NOT NULL
         AND pgonce_key.lease_until < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg('grace_ms')::bigint * interval '1 millisecond'
@@ -266,7 +335,8 @@ reclaimed AS (
     SET
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond',
-        worker = @worker::text
+        worker = @worker::text,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM expired
     WHERE pgonce_key.key = expired.key
     RETURNING
@@ -279,6 +349,28 @@ reclaimed AS (
         pgonce_key.metadata,
         pgonce_key.delivery,
         pgonce_key.key_retention_ms
+),
+-- The attempt whose lease ran out ends here, without an outcome of its own:
+-- pgonce_attempt keeps it, with the claim time and worker it had.
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome
+    )
+    SELECT
+        expired.key,
+        expired.attempt,
+        expired.updated_at,
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        expired.worker,
+        'lease_expired'
+    FROM reclaimed
+    JOIN expired ON expired.key = reclaimed.key
+    ON CONFLICT DO NOTHING
 )
 SELECT
     reclaimed.key,

@@ -22,10 +22,14 @@ func consoleCommand() *command {
 		name:     "console",
 		synopsis: "console [--listen ADDR] [--token TOKEN] [--secure-cookie] [--read-only]",
 		summary:  "serve the operator console in the browser",
-		help: `Serves the operator console: an overview per tool, the keys by state,
-tool, tenant, run and time, one key's call, history, response and
-observation, and the actions resolve, cancel and retry, each confirmed and
-recorded with who and why. It listens on loopback by default. Any other
+		help: `Serves the operator console: an overview per tool of the last hour, the
+last day or all time, each count a link to its keys; the keys by state,
+tool, tenant, run and time; a search by what you know of a call (an order
+id in its arguments, a natural id, a business key, a run id, a key); one
+key's call, attempts, history, response and observation; and the actions
+resolve, cancel and retry, on one key or on several selected at once, each
+confirmed and recorded with who and why. It listens on loopback by
+default. Any other
 address needs a token of at least 16 bytes (--token or $` + consoleTokenEnv + `);
 without one, the console generates one and prints it once. The browser
 presents the token once as /?token=TOKEN and gets a session cookie for it

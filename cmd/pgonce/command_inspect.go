@@ -63,6 +63,10 @@ type inspectHead struct {
 	ExpiresAt   *time.Time          `json:"expires_at,omitempty"`
 	Queue       *inspectQueue       `json:"queue"`
 	Resolutions []inspectResolution `json:"resolutions"`
+	// AttemptHistory is every attempt of the key (outbox's
+	// Inspection.AttemptHistory); ExpiredFrom a tombstone's final state.
+	AttemptHistory []outbox.AttemptRecord `json:"attempt_history"`
+	ExpiredFrom    outbox.State           `json:"expired_from,omitempty"`
 	// Metadata, Delivery and KeyRetentionMS are stored with the key at
 	// submit; a tombstone keeps none of them.
 	Metadata       map[string]string `json:"metadata,omitempty"`
@@ -121,6 +125,12 @@ func printInspectJSON(e *env, in outbox.Inspection) error {
 		ExpiresAt:   timePtr(in.ExpiresAt),
 		Resolutions: []inspectResolution{},
 		Metadata:    in.Metadata,
+		ExpiredFrom: in.ExpiredFrom,
+	}
+	head.AttemptHistory = make([]outbox.AttemptRecord, 0, len(in.AttemptHistory))
+	for _, a := range in.AttemptHistory {
+		a.StartedAt, a.EndedAt = a.StartedAt.UTC(), a.EndedAt.UTC()
+		head.AttemptHistory = append(head.AttemptHistory, a)
 	}
 	if in.State != outbox.StateExpired {
 		head.Delivery, head.KeyRetentionMS = in.Delivery.String(), in.KeyRetention.Milliseconds()
@@ -158,8 +168,12 @@ func printInspect(e *env, in outbox.Inspection) error {
 	line("key", string(in.Key))
 	line("state", string(in.State))
 	if in.State == outbox.StateExpired {
+		if in.ExpiredFrom != "" {
+			line("finished", string(in.ExpiredFrom))
+		}
 		line("completed at", formatTime(in.CompletedAt))
-		fmt.Fprintln(tw, "\tpruned: only the tombstone remains; the action never runs again")
+		line("forgotten at", formatTime(in.ExpiresAt))
+		fmt.Fprintln(tw, "\tpruned: only the tombstone remains; a duplicate is told it expired, and nothing runs again until it is forgotten")
 		return tw.Flush()
 	}
 	line("tool", in.Tool)
@@ -207,6 +221,17 @@ func printInspect(e *env, in outbox.Inspection) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(in.AttemptHistory) > 0 {
+		fmt.Fprintln(e.stdout, "attempt history:")
+		attempts := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		for _, a := range in.AttemptHistory {
+			fmt.Fprintf(attempts, "  #%d\t%s\t%s by %s, ended %s%s\n", a.Attempt, formatTime(a.StartedAt), a.Outcome,
+				cmp.Or(a.Worker, "-"), formatTime(a.EndedAt), errorSuffix(a.Error))
+		}
+		if err := attempts.Flush(); err != nil {
+			return err
+		}
+	}
 	// The stored bytes, raw, after everything else: they may span lines.
 	if in.Response != nil {
 		fmt.Fprintf(e.stdout, "response (%d bytes, verbatim):\n", len(in.Response))
@@ -221,6 +246,14 @@ func printInspect(e *env, in outbox.Inspection) error {
 		}
 	}
 	return nil
+}
+
+// errorSuffix is ": " and err on one line, or nothing.
+func errorSuffix(err string) string {
+	if err == "" {
+		return ""
+	}
+	return ": " + oneLine(err, 120)
 }
 
 // writeRaw writes b and ends the line, unless b already ends one.

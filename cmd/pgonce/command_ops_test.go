@@ -156,3 +156,85 @@ func TestReconcileKeyedUsesStoredKeyRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateNeedsReview, got.State, strings.TrimSpace(res.stdout))
 }
+
+func TestListFind(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AnOrderIDInTextAndJSON", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		call := f.call("refund")
+		call.Tenant, call.Args = "globex", map[string]any{"order": 7731, "customer": "cus_5521"}
+		res, err := f.client.Do(t.Context(), call, nil)
+		require.NoError(t, err)
+		f.succeeded(t, "refund", `{}`)
+
+		out := pgonce(t, "--schema", f.schema, "list", "--find", "7731")
+		require.Equal(t, exitOK, out.code, out.stderr)
+		require.Contains(t, out.stdout, string(res.Key))
+		require.Contains(t, out.stdout, "MATCHED")
+		require.Regexp(t, `succeeded\s+refund\s+globex/cli-test`, out.stdout, "succeeded keys are found")
+		require.Equal(t, 2, strings.Count(out.stdout, "\n"), "a head and one key: %s", out.stdout)
+
+		out = pgonce(t, "--schema", f.schema, "list", "--find", "cus_5521", "--json")
+		require.Equal(t, exitOK, out.code, out.stderr)
+		doc := decodeJSON(t, out.stdout)
+		keys, ok := doc["keys"].([]any)
+		require.True(t, ok, out.stdout)
+		require.Len(t, keys, 1)
+		key, ok := keys[0].(map[string]any)
+		require.True(t, ok)
+		require.Equal(t, string(res.Key), key["key"])
+		require.Equal(t, []any{"args"}, key["matched"])
+		require.Contains(t, key["args_head"], `"order":7731`)
+
+		out = pgonce(t, "--schema", f.schema, "list", "--find", "cli-test", "--in", "run_id")
+		require.Equal(t, exitOK, out.code, out.stderr)
+		require.Contains(t, out.stdout, "run cli-test of tenant globex (1 keys seen)")
+		require.Contains(t, out.stdout, "run cli-test without a tenant (1 keys seen)")
+	})
+
+	t.Run("BadParamsAreUsageErrors", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		for _, args := range [][]string{
+			{"--find", "x", "--state", "failed"},
+			{"--find", "x", "--in", "tool"},
+			{"--find", " "},
+			{"--in", "args"},
+		} {
+			res := pgonce(t, append([]string{"--schema", f.schema, "list"}, args...)...)
+			require.Equal(t, exitUsage, res.code, "%v: %s", args, res.stderr)
+		}
+	})
+}
+
+func TestInspectShowsAttemptsAndTombstones(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	call := f.call("refund")
+	_, err := f.client.Do(t.Context(), call, outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+		return nil, errors.New("503 from the provider")
+	}))
+	require.Error(t, err)
+	res, err := f.client.Do(t.Context(), call, nil)
+	require.NoError(t, err)
+
+	out := pgonce(t, "--schema", f.schema, "inspect", string(res.Key))
+	require.Equal(t, exitOK, out.code, out.stderr)
+	require.Regexp(t, `#1\s+\S+\s+retry by \S+, ended \S+: 503 from the provider`, out.stdout)
+	require.Regexp(t, `#2\s+\S+\s+succeeded by \S+, ended`, out.stdout)
+	out = pgonce(t, "--schema", f.schema, "inspect", string(res.Key), "--json")
+	require.Equal(t, exitOK, out.code, out.stderr)
+	history, ok := decodeJSON(t, out.stdout)["attempt_history"].([]any)
+	require.True(t, ok, out.stdout)
+	require.Len(t, history, 2)
+
+	f.exec(t, pgoncetest.TombstoneStatement(f.schema), pgoncetest.StoredKey(t, string(res.Key)), nil)
+	out = pgonce(t, "--schema", f.schema, "inspect", string(res.Key))
+	require.Equal(t, exitOK, out.code, out.stderr)
+	require.Regexp(t, `finished\s+succeeded`, out.stdout)
+	out = pgonce(t, "--schema", f.schema, "inspect", string(res.Key), "--json")
+	require.Equal(t, exitOK, out.code, out.stderr)
+	require.Equal(t, "succeeded", decodeJSON(t, out.stdout)["expired_from"])
+}

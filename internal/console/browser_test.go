@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/console"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -262,6 +263,25 @@ func (b *browser) clickAndLoad(t *testing.T, selector string) {
 	b.awaitLoad(t)
 }
 
+// mouseClick clicks the middle of the element selector names with the
+// mouse, as a person would (a selection follows a real click, not
+// element.click()), and does not wait for a page.
+func (b *browser) mouseClick(t *testing.T, selector string) {
+	t.Helper()
+	var box struct{ X, Y float64 }
+	b.eval(t, fmt.Sprintf(`(() => { const e = document.querySelector(%q); e.scrollIntoView({block: "center"});
+		const r = e.getBoundingClientRect(); return {X: r.left + r.width / 2, Y: r.top + r.height / 2} })()`, selector), &box)
+	for _, event := range []string{"mousePressed", "mouseReleased"} {
+		b.call(t, "Input.dispatchMouseEvent", map[string]any{"type": event, "x": box.X, "y": box.Y, "button": "left", "clickCount": 1}, nil)
+	}
+}
+
+// typeInto sets the value of the input selector names.
+func (b *browser) typeInto(t *testing.T, selector, value string) {
+	t.Helper()
+	b.eval(t, fmt.Sprintf(`(() => { document.querySelector(%q).value = %q; return true })()`, selector, value), nil)
+}
+
 func (b *browser) text(t *testing.T, selector string) string {
 	t.Helper()
 	var s string
@@ -306,7 +326,7 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 	browser.navigate(t, b.server.URL+"/")
 	require.Contains(t, browser.text(t, "#tools"), "email")
-	browser.screenshot(t, "console-overview.png")
+	browser.screenshot(t, "overview.png")
 
 	browser.clickAndLoad(t, `nav a[href="/keys"]`)
 	browser.eval(t, `(() => { document.querySelector('input[name=state][value=needs_review]').checked = true; return true })()`, nil)
@@ -321,7 +341,6 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 	browser.clickAndLoad(t, `a.key[href="/keys/`+string(review)+`"]`)
 	require.Equal(t, "needs_review", browser.text(t, "#state"))
-	browser.screenshot(t, "console-key.png")
 
 	browser.clickAndLoad(t, "#action-resolve")
 	browser.eval(t, `(() => {
@@ -330,7 +349,7 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		document.querySelector('#by').value = 'ana';
 		document.querySelector('#reason').value = 'the provider log shows the e-mail was delivered';
 		return true })()`, nil)
-	browser.screenshot(t, "console-resolve.png")
+	browser.screenshot(t, "resolve.png")
 	browser.clickAndLoad(t, "#confirm")
 	require.Contains(t, browser.text(t, "#outcome"), "the key is now succeeded")
 
@@ -358,10 +377,146 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	}
 	require.IsIncreasing(t, positions, "steps in step order")
 	require.Equal(t, 2, strings.Count(steps, "succeeded"), "the resolved step and the refund")
-	browser.screenshot(t, "console-run.png")
+	browser.screenshot(t, "run.png")
 
+	browserFind(t, b, browser)
 	browserEdges(t, driver, browser)
 }
+
+// browserFind drives what an operator who knows only an order id does:
+// the refund of order 7731 gave up after three attempts; the order id
+// typed in the header's box (one), the key found clicked (two), and its
+// page shows every attempt. Then the denser list, a copy of a whole key,
+// several keys cancelled at once, the overview's windows, a run found
+// without its tenant, and a tombstone.
+func browserFind[TTx any](t *testing.T, b *testBundle[TTx], browser *browser) {
+	t.Helper()
+	refund := b.gaveUp(t)
+	for range 3 {
+		b.pending(t)
+	}
+
+	// Two steps from the order id to the key's page.
+	browser.navigate(t, b.server.URL+"/")
+	browser.typeInto(t, "#find-q", "7731")
+	browser.clickAndLoad(t, "#find")
+	var location string
+	browser.eval(t, `location.pathname + location.search`, &location)
+	require.Equal(t, "/search?q=7731", location)
+	found := browser.text(t, "#found")
+	require.Contains(t, found, shortKeyOf(refund))
+	require.Contains(t, found, "args")
+	browser.screenshot(t, "search.png")
+	browser.clickAndLoad(t, `a.key[href="/keys/`+string(refund)+`"]`)
+	require.Equal(t, "failed", browser.text(t, "#state"))
+	var attempts []string
+	browser.eval(t, `[...document.querySelectorAll('#attempts tbody tr')].map(r => r.innerText)`, &attempts)
+	require.Len(t, attempts, 3, "every attempt, each with its time, worker, outcome and error")
+	for i, outcome := range []string{"retry after a backoff", "retry after a backoff", "failed"} {
+		require.Contains(t, attempts[i], outcome)
+		require.Contains(t, attempts[i], fmt.Sprintf("attempt %d: 503 Service Unavailable from the payment provider", i+1))
+		require.Regexp(t, `\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z`, attempts[i])
+	}
+	browser.screenshot(t, "key.png")
+
+	// The list: one line a key, the arguments' first bytes, a short key
+	// whose whole is one click from the clipboard, errors in full on hover.
+	browser.navigate(t, b.server.URL+"/keys?tenant=globex&state=failed&state=pending&state=needs_review")
+	var rows []struct {
+		Height float64
+		Line   float64
+		Args   string
+		Title  string
+	}
+	browser.eval(t, `[...document.querySelectorAll('#keys tbody tr')].map(r => ({
+		Height: r.getBoundingClientRect().height,
+		Line: parseFloat(getComputedStyle(r.querySelector('td.err')).lineHeight),
+		Args: r.querySelector('td.args').innerText,
+		Title: r.querySelector('td.err').title}))`, &rows)
+	require.NotEmpty(t, rows)
+	for _, row := range rows {
+		require.Less(t, row.Height, 2*row.Line, "a key takes one line: %+v", row)
+	}
+	browser.navigate(t, b.server.URL+"/keys?state=failed&tenant=globex")
+	browser.eval(t, `[...document.querySelectorAll('#keys tbody tr')].map(r => ({
+		Height: r.getBoundingClientRect().height,
+		Line: parseFloat(getComputedStyle(r.querySelector('td.err')).lineHeight),
+		Args: r.querySelector('td.args').innerText,
+		Title: r.querySelector('td.err').title}))`, &rows)
+	require.Len(t, rows, 1)
+	require.Contains(t, rows[0].Args, `"customer":"cus_5521"`)
+	require.Equal(t, "attempt 3: 503 Service Unavailable from the payment provider", rows[0].Title, "the whole error on hover")
+	browser.mouseClick(t, "#keys tbody tr .copy")
+	var selected string
+	browser.eval(t, `window.getSelection().toString()`, &selected)
+	require.Equal(t, string(refund), selected, "one click selects the whole key")
+
+	// Several pending keys cancelled at once, with one reason.
+	browser.navigate(t, b.server.URL+"/keys")
+	var pending []string
+	browser.eval(t, `[...document.querySelectorAll('#keys tbody tr')].filter(r => r.querySelector('.state.pending')).map(r => r.querySelector('input[name=key]').value)`, &pending)
+	require.Len(t, pending, 3)
+	for _, key := range pending[:2] {
+		browser.mouseClick(t, `#keys input[name=key][value="`+key+`"]`)
+	}
+	browser.eval(t, `(() => { document.querySelector('#bulk-action').value = 'cancel'; return true })()`, nil)
+	browser.typeInto(t, "#bulk-by", "ana")
+	browser.typeInto(t, "#bulk-reason", "duplicate orders, the customer asked once")
+	browser.screenshot(t, "keys.png")
+	browser.clickAndLoad(t, "#bulk-submit")
+	require.Contains(t, browser.text(t, "#bulk-keys"), pending[0])
+	browser.clickAndLoad(t, "#confirm")
+	require.Contains(t, browser.text(t, "#outcome"), "2 of 2 keys changed")
+	for i, key := range pending {
+		in := b.inspect(t, outbox.Key(key))
+		if i < 2 {
+			require.Equal(t, outbox.StateCancelled, in.State)
+			require.Len(t, in.Resolutions, 1)
+			require.Equal(t, "duplicate orders, the customer asked once", in.Resolutions[0].Reason)
+		} else {
+			require.Equal(t, outbox.StatePending, in.State, "not selected")
+		}
+	}
+
+	// The overview's windows, each count a link to its keys.
+	browser.navigate(t, b.server.URL+"/")
+	browser.clickAndLoad(t, `#windows a[href="/?window=1h"]`)
+	browser.screenshot(t, "overview-hour.png")
+	browser.clickAndLoad(t, `#tools a[href*="state=cancelled&tool=refund"]`)
+	browser.eval(t, `location.search`, &location)
+	require.Contains(t, location, "after=", "the hour's keys")
+	require.Equal(t, 2, strings.Count(browser.text(t, "#keys"), "cancelled"))
+
+	// A run followed without its tenant.
+	browser.navigate(t, b.server.URL+"/keys?run=run-g")
+	browser.clickAndLoad(t, "#run-page")
+	require.Contains(t, browser.text(t, "#tenants"), "run run-g of tenant globex")
+	browser.clickAndLoad(t, `#tenants a[href="/run?run=run-g&tenant=globex"]`)
+	require.Contains(t, browser.text(t, "#steps"), shortKeyOf(refund))
+
+	// A resolution's form: filled in, each label bound to its control.
+	review := b.needsReview(t)
+	browser.navigate(t, b.server.URL+"/keys/"+string(review)+"/resolve")
+	var filled string
+	browser.eval(t, `document.querySelector('#body').value`, &filled)
+	require.NotEmpty(t, filled)
+	require.True(t, json.Valid([]byte(filled)), filled)
+	browser.mouseClick(t, `label[for="outcome-failed"]`)
+	var checked string
+	browser.eval(t, `document.querySelector('input[name=outcome]:checked').value`, &checked)
+	require.Equal(t, "failed", checked, "a click on the label chooses its outcome")
+
+	// A tombstone says what it is and what it had.
+	_, err := pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(b.schema), pgoncetest.StoredKey(t, string(refund)), nil)
+	require.NoError(t, err)
+	browser.navigate(t, b.server.URL+"/keys/"+string(refund))
+	require.Contains(t, browser.text(t, "#tombstone"), "This key is a tombstone.")
+	require.Equal(t, "failed", browser.text(t, "#expired-from"))
+	browser.screenshot(t, "tombstone.png")
+}
+
+// shortKeyOf is key as a list shows it.
+func shortKeyOf(key outbox.Key) string { return string(key)[:13] + "…" }
 
 // browserEdges drives the browser at the console's edges, on a console
 // with a token: a token traded at a path a browser reads as another

@@ -1,6 +1,8 @@
 // Package console is the operator console that `pgonce console` serves:
-// server-rendered pages over the public outbox API, with actions that are
-// POSTs behind a CSRF token, a strict Content-Security-Policy and, off
+// server-rendered pages over the public outbox API (an overview of recent
+// and all-time counts, lists of keys, a search by what an operator knows,
+// runs, one key with its attempts), with actions on one key or many that
+// are POSTs behind a CSRF token, a strict Content-Security-Policy and, off
 // loopback, an access token, traded once for an expiring session cookie
 // that holds an HMAC, never the token. Pages show stored data with its
 // Unicode bidi controls made visible; bad filters are 400s, and a server
@@ -35,7 +37,9 @@ import (
 // *outbox.Client satisfies it, whatever its transaction type.
 type Operator interface {
 	Stats(ctx context.Context) (outbox.Stats, error)
+	CountCreated(ctx context.Context, params outbox.CountCreatedParams) (outbox.CreatedCounts, error)
 	List(ctx context.Context, params outbox.ListParams) (outbox.ListResult, error)
+	Search(ctx context.Context, params outbox.SearchParams) (outbox.SearchResult, error)
 	Run(ctx context.Context, params outbox.RunParams) (outbox.RunResult, error)
 	Inspect(ctx context.Context, key outbox.Key) (outbox.Inspection, error)
 	Resolve(ctx context.Context, key outbox.Key, resolution outbox.Resolution) (outbox.Result, error)
@@ -192,6 +196,8 @@ func New(ops Operator, config Config) (*Handler, error) {
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	h.mux.HandleFunc("GET /{$}", h.overview)
 	h.mux.HandleFunc("GET /keys", h.keys)
+	h.mux.HandleFunc("POST /keys/bulk", h.bulk)
+	h.mux.HandleFunc("GET /search", h.search)
 	h.mux.HandleFunc("GET /run", h.run)
 	h.mux.HandleFunc("GET /keys/{key}", h.key)
 	h.mux.HandleFunc("GET /keys/{key}/raw/{part}", h.raw)

@@ -78,8 +78,10 @@ func testEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.NoError(t, err)
 
 		pages := []string{
-			"/", "/keys", "/keys?tenant=" + url.QueryEscape(tenant), "/keys?run=" + url.QueryEscape(run),
-			"/run?run=" + url.QueryEscape(run) + "&tenant=" + url.QueryEscape(tenant),
+			"/", "/?window=1h", "/?window=24h", "/keys", "/keys?tenant=" + url.QueryEscape(tenant), "/keys?run=" + url.QueryEscape(run),
+			"/keys?state=succeeded&state=expired",
+			"/run?run=" + url.QueryEscape(run) + "&tenant=" + url.QueryEscape(tenant), "/run?run=" + url.QueryEscape(run),
+			"/search?q=" + url.QueryEscape("ana\u202e"), "/search?q=" + url.QueryEscape(run), "/search?q=" + url.QueryEscape(tenant),
 			"/keys/" + string(key), "/keys/" + string(key) + "/resolve",
 		}
 		for _, path := range pages {
@@ -113,6 +115,19 @@ func testEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		_, page = b.get(t, "/keys/"+string(key))
 		requireNoRawBidi(t, "/keys/"+string(key), page)
 		require.Contains(t, html.UnescapeString(page), "checked⟨U+2067⟩ the log")
+
+		// A bulk action's name and reason, on its confirmation and result
+		// pages.
+		pending, err := b.client.Submit(t.Context(), outbox.Call{Tenant: tenant, RunID: run, Step: 3, Tool: "refund", Args: map[string]any{"n": 3}})
+		require.NoError(t, err)
+		bulk := url.Values{"csrf": {csrf}, "action": {"cancel"}, "key": {string(pending.Key)}, "by": {"ana\u202e"}, "reason": {"bulk\u2067" + bidi}}
+		for _, confirm := range []string{"", "yes"} {
+			bulk.Set("confirm", confirm)
+			status, page = b.send(t, http.MethodPost, "/keys/bulk", bulk, nil)
+			require.Equal(t, http.StatusOK, status, page)
+			requireNoRawBidi(t, "bulk "+confirm, page)
+		}
+		require.Equal(t, outbox.StateCancelled, b.inspect(t, pending.Key).State)
 
 		// A malformed filter is echoed in the error page visibly too.
 		_, page = b.get(t, "/keys?cursor="+url.QueryEscape("x\u202ey"))

@@ -37,7 +37,7 @@ var (
 	}
 	listStates = []outbox.State{
 		outbox.StatePending, outbox.StateInFlight, outbox.StateNeedsReview,
-		outbox.StateFailed, outbox.StateCancelled,
+		outbox.StateFailed, outbox.StateCancelled, outbox.StateSucceeded, outbox.StateExpired,
 	}
 )
 
@@ -48,20 +48,28 @@ type page struct {
 	ReadOnly bool
 	Refresh  int
 	CSRF     string
-	Data     any
+	// Query is the header's search box's text.
+	Query string
+	Data  any
 }
 
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
 		"ago":      ago,
 		"time":     func(t time.Time) string { return formatTime(t) },
+		"stamp":    stamp,
+		"precise":  precise,
 		"join":     func(ss []string) string { return visible(strings.Join(ss, ", ")) },
 		"delivery": deliveryName,
 		"show":     visible,
+		"short":    shortKey,
+		"line":     oneLine,
+		"args":     argsText,
+		"outcome":  outcomeName,
 	}
 	h.pages = make(map[string]*template.Template)
-	for _, name := range []string{"overview", "keys", "run", "key", "confirm", "result", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+	for _, name := range []string{"overview", "keys", "search", "run", "key", "confirm", "bulk", "result", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+name+".html")
 		if err != nil {
 			return err
 		}
@@ -90,7 +98,7 @@ func formatTime(t time.Time) string {
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	h.renderPage(w, r, status, name, page{Title: visible(title), Schema: h.config.Schema, ReadOnly: h.config.ReadOnly, Data: data})
+	h.renderPage(w, r, status, name, page{Title: visible(title), Schema: h.config.Schema, ReadOnly: h.config.ReadOnly, Data: data, Query: r.URL.Query().Get("q")})
 }
 
 func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
@@ -179,22 +187,77 @@ type toolRow struct {
 	OldestPending string
 }
 
-// countCell is one count of the overview; Estimated marks an estimate from
-// the planner's statistics.
+// countCell is one count of the overview, with the list of its keys;
+// Estimated marks an estimate from the planner's statistics, AtLeast a
+// lower bound (a window with more keys than a count reads).
 type countCell struct {
 	N         int64
 	Estimated bool
+	AtLeast   bool
+	Link      string
+	// Hint, when set, says what the link lists.
+	Hint string
+}
+
+// overviewWindow is one of the overview's windows of creation time.
+type overviewWindow struct {
+	Name  string
+	Label string
+	Span  time.Duration // zero: all time
+}
+
+var overviewWindows = []overviewWindow{
+	{"1h", "Last hour", time.Hour},
+	{"24h", "Last day", 24 * time.Hour},
+	{"all", "All", 0},
+}
+
+// keysLink is the keys list of tool's keys in state created since since
+// (zero: any time); succeeded keys and tombstones, listed within a window
+// only, are listed from the last day then.
+func keysLink(tool string, state outbox.State, since time.Time, now time.Time) (link, hint string) {
+	v := url.Values{"state": {string(state)}}
+	if tool != "" && state != outbox.StateExpired {
+		v.Set("tool", tool)
+	}
+	if since.IsZero() && (state == outbox.StateSucceeded || state == outbox.StateExpired) {
+		since, hint = now.Add(-outbox.ListWindowMax), "listed from the last day: these keys are listed within a window"
+	}
+	if !since.IsZero() {
+		v.Set("after", since.UTC().Format(time.RFC3339))
+	}
+	return "/keys?" + v.Encode(), hint
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("window")
+	if name == "" {
+		name = "all"
+	}
+	i := slices.IndexFunc(overviewWindows, func(o overviewWindow) bool { return o.Name == name })
+	if i < 0 {
+		h.refuse(w, r, http.StatusBadRequest, "window: want 1h, 24h or all")
+		return
+	}
+	window := overviewWindows[i]
 	snap, err := h.readStats(r.Context())
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	stats := snap.Stats
-	tools := make([]string, 0, len(stats.Keys))
-	for tool := range stats.Keys {
+	keys, estimated, partial, at := stats.Keys, stats.IsEstimated, false, snap.At
+	var since time.Time
+	if window.Span > 0 {
+		counts, err := h.readCounts(r.Context(), window.Span)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		keys, estimated, partial, at, since = counts.Counts.Keys, func(outbox.State) bool { return false }, counts.Counts.Partial, counts.At, counts.Since
+	}
+	tools := make([]string, 0, len(keys))
+	for tool := range keys {
 		tools = append(tools, tool)
 	}
 	sort.Strings(tools)
@@ -208,16 +271,31 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 			row.OldestPending = ago(oldest)
 		}
 		for _, state := range overviewStates {
-			row.Counts = append(row.Counts, countCell{N: stats.Keys[tool][state], Estimated: stats.IsEstimated(state)})
+			cell := countCell{N: keys[tool][state], Estimated: estimated(state), AtLeast: partial}
+			cell.Link, cell.Hint = keysLink(tool, state, since, h.config.NowFunc())
+			row.Counts = append(row.Counts, cell)
 		}
 		rows = append(rows, row)
 	}
+	link := func(state outbox.State) string {
+		l, _ := keysLink("", state, time.Time{}, h.config.NowFunc())
+		return l
+	}
 	h.render(w, r, http.StatusOK, "overview", "Overview", struct {
-		States []outbox.State
-		Rows   []toolRow
-		Stats  outbox.Stats
-		At     time.Time
-	}{overviewStates, rows, stats, snap.At})
+		Windows []overviewWindow
+		Window  overviewWindow
+		States  []outbox.State
+		Rows    []toolRow
+		Stats   outbox.Stats
+		At      time.Time
+		Since   time.Time
+		Partial bool
+		Links   map[string]string
+		Max     int
+	}{overviewWindows, window, overviewStates, rows, stats, at, since, partial, map[string]string{
+		"pending": link(outbox.StatePending), "in_flight": link(outbox.StateInFlight),
+		"needs_review": link(outbox.StateNeedsReview), "expired": link(outbox.StateExpired),
+	}, outbox.CountCreatedMax})
 }
 
 type keysFilter struct {
@@ -277,6 +355,7 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	windowed := slices.Contains(filter.States, outbox.StateSucceeded) || slices.Contains(filter.States, outbox.StateExpired)
 	params := outbox.ListParams{
 		States: filter.States, Tool: filter.Tool, Tenant: filter.Tenant, RunID: filter.RunID,
 		Cursor: q.Get("cursor"), Limit: pageSize,
@@ -296,6 +375,23 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 	if params.CreatedBefore, err = parseTime("before", filter.CreatedBefore); err != nil {
 		h.refuse(w, r, http.StatusBadRequest, err.Error())
 		return
+	}
+	window := ""
+	if windowed {
+		// Succeeded keys and tombstones are listed within a window of at
+		// most a day: the last day unless the filter says otherwise, and a
+		// window that began earlier is cut to the day before its end. The
+		// window's ends go into the filter, so that its pages are those of
+		// one window.
+		if params.CreatedBefore.IsZero() {
+			params.CreatedBefore = h.config.NowFunc().Truncate(time.Second).Add(time.Second)
+			filter.CreatedBefore = params.CreatedBefore.UTC().Format(time.RFC3339)
+		}
+		if earliest := params.CreatedBefore.Add(-outbox.ListWindowMax); params.CreatedAfter.Before(earliest) {
+			params.CreatedAfter = earliest
+			filter.CreatedAfter = earliest.UTC().Format(time.RFC3339)
+			window = filter.CreatedAfter + " to " + filter.CreatedBefore
+		}
 	}
 	res, err := h.ops.List(r.Context(), params)
 	if err != nil {
@@ -320,12 +416,25 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 	for _, s := range listStates {
 		boxes = append(boxes, stateBox{s, slices.Contains(filter.States, s)})
 	}
+	// The run's page: under the filter's tenant, or, without one, the
+	// page that finds the tenants that have the run.
+	runPage := ""
+	if filter.RunID != "" {
+		v := url.Values{"run": {filter.RunID}}
+		if filter.Tenant != "" {
+			v.Set("tenant", filter.Tenant)
+		}
+		runPage = "/run?" + v.Encode()
+	}
 	h.render(w, r, http.StatusOK, "keys", "Keys", struct {
-		Filter keysFilter
-		Boxes  []stateBox
-		Keys   []outbox.ListedKey
-		Next   string
-	}{filter, boxes, res.Keys, next})
+		Filter        keysFilter
+		Boxes         []stateBox
+		Keys          []outbox.ListedKey
+		Next          string
+		RunPage       string
+		DefaultWindow string
+		Bulk          bool
+	}{filter, boxes, res.Keys, next, runPage, window, !h.config.ReadOnly && len(res.Keys) > 0})
 }
 
 // filterProblem says what is wrong with a list filter's value, as
@@ -373,12 +482,30 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 		}
 		next = "/run?" + v.Encode()
 	}
+	// A run asked for without its tenant, or not found under the one
+	// given: the tenants that have a run of this id.
+	var others []outbox.FoundRun
+	if !q.Has("tenant") || len(res.Steps) == 0 {
+		found, err := h.ops.Search(r.Context(), outbox.SearchParams{Text: params.RunID, Fields: []outbox.SearchField{outbox.SearchRunID}})
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		for _, run := range found.Runs {
+			if run.Tenant != params.Tenant {
+				others = append(others, run)
+			}
+		}
+	}
 	h.render(w, r, http.StatusOK, "run", "Run "+params.RunID, struct {
-		Params outbox.RunParams
-		Steps  []outbox.RunStep
-		Next   string
-		GapMax int
-	}{params, res.Steps, next, outbox.RunGapMax})
+		Params     outbox.RunParams
+		Steps      []outbox.RunStep
+		Next       string
+		GapMax     int
+		Others     []outbox.FoundRun
+		NoTenant   bool
+		SearchSpan time.Duration
+	}{params, res.Steps, next, outbox.RunGapMax, others, !q.Has("tenant"), outbox.SearchWindowDefault})
 }
 
 // body is stored bytes made safe to show: never interpreted, valid UTF-8,
@@ -499,6 +626,10 @@ type confirmData struct {
 	In      outbox.Inspection
 	Action  string
 	Allowed bool
+	// Args are the call's arguments, shown beside a resolution.
+	Args *body
+	// Template says where a resolution's pre-filled body came from.
+	Template string
 	// Form values, kept when the form is shown again after an error.
 	By, Reason, Outcome, Body string
 	Problem                   string
@@ -518,9 +649,14 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h.render(w, r, http.StatusOK, "confirm", action+" "+string(in.Key), confirmData{
+	data := confirmData{
 		In: in, Action: action, Allowed: slices.Contains(actionsFor(in.State), action), Outcome: "succeeded",
-	})
+		Args: newBody(in.Key, "args", in.Args),
+	}
+	if action == "resolve" {
+		data.Body, data.Template = h.responseTemplate(r, in)
+	}
+	h.render(w, r, http.StatusOK, "confirm", action+" "+string(in.Key), data)
 }
 
 func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
@@ -556,7 +692,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, err)
 			return
 		}
-		form.In, form.Problem = in, problem
+		form.In, form.Problem, form.Args = in, problem, newBody(in.Key, "args", in.Args)
 		h.render(w, r, http.StatusBadRequest, "confirm", action+" "+string(key), form)
 	}
 	if form.By == "" || form.Reason == "" {

@@ -15,6 +15,39 @@ type statsCache struct {
 	mu             sync.Mutex
 	last, previous outbox.Stats
 	lastAt, prevAt time.Time
+	// windows keeps the last counts of each window of the overview.
+	windows map[time.Duration]countsSnapshot
+}
+
+// countsSnapshot is what [outbox.Client.CountCreated] counted in the
+// window from Since, at At.
+type countsSnapshot struct {
+	Counts outbox.CreatedCounts
+	Since  time.Time
+	At     time.Time
+}
+
+// readCounts returns the counts of the keys created in the last span,
+// read at most once an interval, as the overview's totals are.
+func (h *Handler) readCounts(ctx context.Context, span time.Duration) (countsSnapshot, error) {
+	c := &h.stats
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := h.config.NowFunc()
+	if snap, ok := c.windows[span]; ok && now.Sub(snap.At) < h.config.StatsInterval {
+		return snap, nil
+	}
+	since := now.Add(-span)
+	counts, err := h.ops.CountCreated(ctx, outbox.CountCreatedParams{CreatedAfter: since})
+	if err != nil {
+		return countsSnapshot{}, err
+	}
+	if c.windows == nil {
+		c.windows = map[time.Duration]countsSnapshot{}
+	}
+	snap := countsSnapshot{Counts: counts, Since: since, At: now}
+	c.windows[span] = snap
+	return snap, nil
 }
 
 type statsSnapshot struct {

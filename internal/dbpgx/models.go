@@ -56,6 +56,16 @@ func (ns NullPgonceState) Value() (driver.Value, error) {
 	return string(ns.PgonceState), nil
 }
 
+type PgonceAttempt struct {
+	StartedAt time.Time
+	EndedAt   time.Time
+	Attempt   int32
+	Key       []byte
+	Outcome   string
+	Worker    *string
+	Error     *string
+}
+
 type PgonceKey struct {
 	CreatedAt        time.Time
 	AvailableAt      *time.Time
@@ -85,6 +95,7 @@ type PgonceKey struct {
 	Response         []byte
 	Failure          []byte
 	LastError        *string
+	ExpiredState     *PgonceState
 }
 
 type PgonceLeader struct {

@@ -37,7 +37,11 @@ claimed AS (
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 millisecond',
         worker = $6::text,
-        first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now())
+        first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now()),
+        -- An in-flight key last changed when its attempt claimed it: the
+        -- attempt's start, which pgonce_attempt keeps if the attempt does
+        -- not finish the key.
+        updated_at = coalesce($1::timestamptz, now())
     FROM due
     WHERE pgonce_key.key = due.key
     RETURNING
@@ -162,7 +166,8 @@ SET
     attempt = pgonce_key.attempt + 1,
     lease_until = coalesce($1::timestamptz, now()) + $2::bigint * interval '1 millisecond',
     worker = $3::text,
-    first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now())
+    first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now()),
+    updated_at = coalesce($1::timestamptz, now())
 WHERE pgonce_key.key = $4::bytea
     AND pgonce_key.state = 'open'
     AND pgonce_key.lease_until IS NULL
@@ -403,7 +408,35 @@ updated AS (
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN outcome.attempt
         END
-    RETURNING pgonce_key.key
+    RETURNING
+        pgonce_key.key,
+        outcome.attempt,
+        outcome.state,
+        outcome.last_error
+),
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome,
+        error
+    )
+    SELECT
+        held.key,
+        held.attempt,
+        held.updated_at,
+        coalesce($8::timestamptz, now()),
+        held.worker,
+        updated.state,
+        nullif(updated.last_error, '')
+    FROM updated
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    WHERE updated.state <> 'succeeded'
+        OR updated.attempt > 1
+    ON CONFLICT DO NOTHING
 ),
 notified AS (
     SELECT pg_notify($10::text, string_agg('k1_' || encode(numbered.key, 'hex'), ','))
@@ -446,6 +479,9 @@ type OutboxFinishRow struct {
 // written, so a late writer whose lease was taken over changes nothing.
 // Recording the outcome takes the key off the queue. Terminal outcomes
 // start the retention of the key; needs_review keeps the key without one.
+// The attempts of keys that did not succeed the first time are kept in
+// pgonce_attempt, as in OutboxRelease; a key that succeeded at its first
+// attempt, nearly every key, writes nothing there and reads no row for it.
 // One notification carries up to 100 comma-separated keys in their text
 // form (k1_<hex>), well within the 8000-byte payload limit: a notification
 // per key would make a batch pay for each.
@@ -526,7 +562,11 @@ func (q *Queries) OutboxGet(ctx context.Context, db DBTX, arg *OutboxGetParams) 
 
 const outboxReclaimExpired = `-- name: OutboxReclaimExpired :many
 WITH expired AS (
-    SELECT pgonce_key.key
+    SELECT
+        pgonce_key.key,
+        pgonce_key.attempt,
+        pgonce_key.updated_at,
+        pgonce_key.worker
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.lease_until IS NOT NULL
         AND pgonce_key.lease_until < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond'
@@ -540,7 +580,8 @@ reclaimed AS (
     SET
         attempt = pgonce_key.attempt + 1,
         lease_until = coalesce($1::timestamptz, now()) + $5::bigint * interval '1 millisecond',
-        worker = $6::text
+        worker = $6::text,
+        updated_at = coalesce($1::timestamptz, now())
     FROM expired
     WHERE pgonce_key.key = expired.key
     RETURNING
@@ -553,6 +594,26 @@ reclaimed AS (
         pgonce_key.metadata,
         pgonce_key.delivery,
         pgonce_key.key_retention_ms
+),
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome
+    )
+    SELECT
+        expired.key,
+        expired.attempt,
+        expired.updated_at,
+        coalesce($1::timestamptz, now()),
+        expired.worker,
+        'lease_expired'
+    FROM reclaimed
+    JOIN expired ON expired.key = reclaimed.key
+    ON CONFLICT DO NOTHING
 )
 SELECT
     reclaimed.key,
@@ -598,6 +659,8 @@ type OutboxReclaimExpiredRow struct {
 // which fences out the worker that held them, and returns them. SKIP LOCKED
 // keeps concurrent reconcilers off each other's keys, and a live lease is
 // never touched.
+// The attempt whose lease ran out ends here, without an outcome of its own:
+// pgonce_attempt keeps it, with the claim time and worker it had.
 func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *OutboxReclaimExpiredParams) ([]*OutboxReclaimExpiredRow, error) {
 	rows, err := db.Query(ctx, outboxReclaimExpired,
 		arg.Now,
@@ -705,7 +768,32 @@ updated AS (
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN released.attempt
         END
-    RETURNING pgonce_key.key
+    RETURNING
+        pgonce_key.key,
+        released.ambiguous,
+        released.last_error
+),
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome,
+        error
+    )
+    SELECT
+        held.key,
+        held.attempt,
+        held.updated_at,
+        coalesce($6::timestamptz, now()),
+        held.worker,
+        CASE WHEN updated.ambiguous THEN 'uncertain' ELSE 'retry' END,
+        nullif(updated.last_error, '')
+    FROM updated
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    ON CONFLICT DO NOTHING
 ),
 notified AS (
     SELECT pg_notify($7::text, '')
@@ -738,6 +826,10 @@ type OutboxReleaseRow struct {
 // their backoff, several at once. Each release is fenced by its attempt, as
 // in OutboxFinish. ambiguous records that the attempt may have acted, so
 // that the next one reads before it writes.
+// A released attempt did not finish its key: pgonce_attempt keeps it, with
+// its claim time and worker from the row as the attempt left it (every part
+// of the statement reads one snapshot, so held sees the row before updated
+// changed it; the fence made sure no other writer came in between).
 func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg *OutboxReleaseParams) ([]*OutboxReleaseRow, error) {
 	rows, err := db.Query(ctx, outboxRelease,
 		arg.Key,

@@ -162,6 +162,7 @@ expired AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         state = 'expired',
+        expired_state = pgonce_key.state,
         tenant = NULL,
         run_id = NULL,
         step = NULL,
@@ -186,6 +187,11 @@ decisions AS (
     DELETE FROM /* TEMPLATE: schema */pgonce_resolution
     USING expired
     WHERE pgonce_resolution.key = expired.key
+),
+attempts AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_attempt
+    USING expired
+    WHERE pgonce_attempt.key = expired.key
 )
 SELECT count(*)::bigint AS expired
 FROM expired
@@ -198,10 +204,10 @@ type KeyExpireParams struct {
 
 // KeyExpire turns up to max_rows finished keys past their retention into
 // compact tombstones, in place: only what a late duplicate needs stays (key,
-// scope, fingerprint, completion and forget times), and so do the index
-// entries on key and scope, so that a concurrent or late duplicate conflicts
-// with the tombstone and never runs. The key's operator decisions go with
-// its call. The tombstone lasts until the forget_at fixed when the key
+// scope, fingerprint, completion and forget times, and the state the key
+// finished in), and so do the index entries on key and scope, so that a
+// concurrent or late duplicate conflicts with the tombstone and never runs.
+// The key's operator decisions and attempts go with its call. The tombstone lasts until the forget_at fixed when the key
 // finished. Only succeeded, failed and cancelled keys have an expiry;
 // pending, in-flight and needs-review keys are never touched. SKIP LOCKED lets
 // pruning run beside anything else without waiting, and small batches keep
@@ -345,23 +351,6 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg *KeyGetParams) (*KeyG
 		&i.Now,
 	)
 	return &i, err
-}
-
-const keyGetArgs = `-- name: KeyGetArgs :one
-SELECT pgonce_key.args
-FROM /* TEMPLATE: schema */pgonce_key
-WHERE pgonce_key.key = $1::bytea
-`
-
-type KeyGetArgsParams struct {
-	Key []byte
-}
-
-func (q *Queries) KeyGetArgs(ctx context.Context, db DBTX, arg *KeyGetArgsParams) ([]byte, error) {
-	row := db.QueryRowContext(ctx, keyGetArgs, arg.Key)
-	var args []byte
-	err := row.Scan(&args)
-	return args, err
 }
 
 const keyGetByKeyOrScope = `-- name: KeyGetByKeyOrScope :one
@@ -751,6 +740,8 @@ SELECT
     listed.available_at,
     listed.lease_until,
     listed.last_error,
+    listed.args_head,
+    listed.args_size,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM unnest(string_to_array($2::text, ',')) AS wanted (state)
 CROSS JOIN LATERAL (
@@ -768,36 +759,41 @@ CROSS JOIN LATERAL (
         pgonce_key.completed_at,
         coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
         pgonce_key.lease_until,
-        pgonce_key.last_error
+        pgonce_key.last_error,
+        -- The arguments' first bytes, for a list that shows what each call
+        -- asked.
+        substring(pgonce_key.args FROM 1 FOR $3::integer)::bytea AS args_head,
+        coalesce(octet_length(pgonce_key.args), 0)::integer AS args_size
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.state = wanted.state::/* TEMPLATE: schema */pgonce_state
         -- The index's predicate, spelled as it is so that the planner can
         -- use the partial index.
         AND pgonce_key.state NOT IN ('succeeded', 'expired')
-        AND (pgonce_key.created_at, pgonce_key.key) > ($3::timestamptz, $4::bytea)
-        AND pgonce_key.created_at < coalesce($5::timestamptz, 'infinity'::timestamptz)
+        AND (pgonce_key.created_at, pgonce_key.key) > ($4::timestamptz, $5::bytea)
+        AND pgonce_key.created_at < coalesce($6::timestamptz, 'infinity'::timestamptz)
         AND (
             wanted.state <> 'open'
-            OR ($6::boolean AND pgonce_key.lease_until IS NULL)
-            OR ($7::boolean AND pgonce_key.lease_until IS NOT NULL)
+            OR ($7::boolean AND pgonce_key.lease_until IS NULL)
+            OR ($8::boolean AND pgonce_key.lease_until IS NOT NULL)
         )
-        AND ($8::text IS NULL OR pgonce_key.tool = $8::text)
-        AND ($9::text IS NULL OR pgonce_key.tenant = $9::text)
-        AND ($10::text IS NULL OR pgonce_key.run_id = $10::text)
+        AND ($9::text IS NULL OR pgonce_key.tool = $9::text)
+        AND ($10::text IS NULL OR pgonce_key.tenant = $10::text)
+        AND ($11::text IS NULL OR pgonce_key.run_id = $11::text)
     ORDER BY
         pgonce_key.created_at,
         pgonce_key.key
-    LIMIT $11::integer
+    LIMIT $12::integer
 ) AS listed
 ORDER BY
     listed.created_at,
     listed.key
-LIMIT $11::integer
+LIMIT $12::integer
 `
 
 type KeyListParams struct {
 	Now            *time.Time
 	States         string
+	ArgsBytes      int32
 	AfterCreatedAt time.Time
 	AfterKey       []byte
 	CreatedBefore  *time.Time
@@ -824,6 +820,8 @@ type KeyListRow struct {
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
 	LastError   *string
+	ArgsHead    []byte
+	ArgsSize    int32
 	Now         time.Time
 }
 
@@ -839,6 +837,7 @@ func (q *Queries) KeyList(ctx context.Context, db DBTX, arg *KeyListParams) ([]*
 	rows, err := db.QueryContext(ctx, keyList,
 		arg.Now,
 		arg.States,
+		arg.ArgsBytes,
 		arg.AfterCreatedAt,
 		arg.AfterKey,
 		arg.CreatedBefore,
@@ -871,6 +870,8 @@ func (q *Queries) KeyList(ctx context.Context, db DBTX, arg *KeyListParams) ([]*
 			&i.AvailableAt,
 			&i.LeaseUntil,
 			&i.LastError,
+			&i.ArgsHead,
+			&i.ArgsSize,
 			&i.Now,
 		); err != nil {
 			return nil, err

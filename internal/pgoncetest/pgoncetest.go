@@ -339,6 +339,7 @@ func TombstoneStatement(schema string) string {
 		state = 'expired', tenant = NULL, run_id = NULL, step = NULL, business_key = NULL, tool = NULL,
 		natural_id = NULL, args = NULL, response = NULL, failure = NULL, last_error = NULL,
 		first_attempted_at = NULL, expires_at = NULL, metadata = NULL, delivery = NULL, key_retention_ms = NULL,
+		expired_state = state,
 		completed_at = coalesce($2::timestamptz, completed_at),
 		forget_at = coalesce($2::timestamptz, completed_at) + interval '1 year'
 		WHERE key = $1`

@@ -70,6 +70,7 @@ var replicaColumns = []replicaColumn{
 	{"completed_at", "t.completed_at - " + replicaShift},
 	{"expires_at", "t.expires_at - " + replicaShift},
 	{"forget_at", "t.forget_at - " + replicaShift},
+	{"expired_state", "t.expired_state"},
 }
 
 // replicaDigest returns the value of column (key or scope) for replica r.n

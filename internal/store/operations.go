@@ -596,18 +596,6 @@ func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution
 	return resolutions, err
 }
 
-// Args returns the canonical arguments of key; a tombstone's are empty. It
-// returns [ErrNoRows] for an unknown key.
-func (s *Store) Args(ctx context.Context, key string) ([]byte, error) {
-	var args []byte
-	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		args, err = q.KeyGetArgs(ctx, db, &dbpgx.KeyGetArgsParams{Key: keyDigest(key)})
-		return err
-	})
-	return args, err
-}
-
 // QueueEntry returns the queue fields of an open key, or [ErrNoRows] for a
 // key that is not open.
 func (s *Store) QueueEntry(ctx context.Context, key string) (*QueueEntry, error) {

@@ -27,8 +27,15 @@ type ListParams struct {
 	AfterKey       string
 	// CreatedBefore, when set, lists only keys created before it.
 	CreatedBefore *time.Time
-	Max           int
-	Now           *time.Time
+	// Window, when set, lists the keys created from Window to
+	// CreatedBefore (required then) through the BRIN index on created_at,
+	// and States may hold StateSucceeded and StateExpired.
+	Window *time.Time
+	// ArgsBytes is how many of the arguments' first bytes each key comes
+	// with.
+	ArgsBytes int
+	Max       int
+	Now       *time.Time
 }
 
 // ListedKey is one key of [Store.List].
@@ -47,6 +54,13 @@ type ListedKey struct {
 	AvailableAt time.Time
 	LeaseUntil  *time.Time
 	LastError   *string
+	// NaturalID is set by the searches alone.
+	NaturalID string
+	// ArgsHead are the arguments' first bytes, ArgsSize their length.
+	ArgsHead []byte
+	ArgsSize int
+	// ArgsMatched reports that a search found its text in the arguments.
+	ArgsMatched bool
 	// Now is the database's clock at the read.
 	Now time.Time
 }
@@ -54,6 +68,9 @@ type ListedKey struct {
 // List returns up to Max keys in the given states, in (created_at, key)
 // order, from the cursor on.
 func (s *Store) List(ctx context.Context, p *ListParams) ([]*ListedKey, error) {
+	if p.Window != nil {
+		return s.listWindow(ctx, p)
+	}
 	params := &dbpgx.KeyListParams{
 		Now:            p.Now,
 		States:         strings.Join(p.States, ","),
@@ -65,7 +82,8 @@ func (s *Store) List(ctx context.Context, p *ListParams) ([]*ListedKey, error) {
 		Tool:           nonEmpty(p.Tool),
 		Tenant:         nonEmpty(p.Tenant),
 		RunID:          nonEmpty(p.RunID),
-		MaxRows:        int32(p.Max), //nolint:gosec // bounded by the caller
+		ArgsBytes:      int32(p.ArgsBytes), //nolint:gosec // a small constant
+		MaxRows:        int32(p.Max),       //nolint:gosec // bounded by the caller
 	}
 	if p.AfterKey != "" {
 		params.AfterKey = keyDigest(p.AfterKey)
@@ -89,6 +107,8 @@ func (s *Store) List(ctx context.Context, p *ListParams) ([]*ListedKey, error) {
 				AvailableAt: row.AvailableAt,
 				LeaseUntil:  row.LeaseUntil,
 				LastError:   row.LastError,
+				ArgsHead:    row.ArgsHead,
+				ArgsSize:    int(row.ArgsSize),
 				Now:         row.Now,
 			})
 		}
