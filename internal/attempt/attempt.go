@@ -193,15 +193,6 @@ type Attempt struct {
 	Lease time.Duration
 }
 
-// leaseDeadline is the local time before which the attempt's lease surely
-// holds: the lease was set, by the database, after ClaimedAt.
-func (a Attempt) leaseDeadline() time.Time {
-	if a.Lease <= 0 || a.ClaimedAt.IsZero() {
-		return time.Time{}
-	}
-	return a.ClaimedAt.Add(a.Lease)
-}
-
 // Kind classifies how an attempt ended.
 type Kind int
 
@@ -257,10 +248,6 @@ type Outcome struct {
 	// GaveUp reports a final outcome that a retryable or uncertain failure
 	// became at the attempt limit ([Attempt.MaxAttempts]).
 	GaveUp bool
-	// LeaseDeadline, when set, is the local time by which the attempt's
-	// lease surely still holds: [Runner.Record] tries no statement again
-	// past it.
-	LeaseDeadline time.Time
 	// SlowDown, when positive, is how long the provider asked the whole
 	// tool to wait (outbox.SlowDown): a Retry outcome then never gave up
 	// for the attempt limit, and the dispatcher throttles the tool and
@@ -269,14 +256,13 @@ type Outcome struct {
 }
 
 // NewOutcome returns the outcome of a's attempt, of no kind yet
-// ([Succeeded]), with its retention and lease deadline.
+// ([Succeeded]), with its retention.
 func (r *Runner) NewOutcome(a Attempt) Outcome {
 	return Outcome{
-		Key:           a.Request.Key,
-		Tool:          a.Request.Tool,
-		Attempt:       a.Request.Attempt,
-		Retention:     cmp.Or(a.Tool.Retention, r.config.Retention),
-		LeaseDeadline: a.leaseDeadline(),
+		Key:       a.Request.Key,
+		Tool:      a.Request.Tool,
+		Attempt:   a.Request.Attempt,
+		Retention: cmp.Or(a.Tool.Retention, r.config.Retention),
 	}
 }
 
