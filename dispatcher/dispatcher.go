@@ -319,23 +319,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 func (d *Dispatcher[TTx]) attemptsOf(rows []*store.ClaimedKey, claimedAt time.Time) []attempt.Attempt {
 	attempts := make([]attempt.Attempt, 0, len(rows))
 	for _, row := range rows {
-		attempts = append(attempts, attempt.Attempt{
-			Tool: d.attempts.Tool(row.Tool),
-			Request: attempt.Request{
-				Key:       row.Key,
-				NaturalID: row.NaturalID,
-				Tool:      row.Tool,
-				Args:      row.Args,
-				Attempt:   row.Attempt,
-				Metadata:  row.Metadata,
-			},
-			Ambiguous:        row.Ambiguous,
-			FirstAttemptedAt: row.FirstAttemptedAt,
-			ClaimedNow:       row.Now,
-			ClaimedAt:        claimedAt,
-			MaxAttempts:      d.config.MaxAttempts,
-			Lease:            d.client.Config().Lease,
-		})
+		attempts = append(attempts, d.attempts.Claimed(row, claimedAt, d.config.MaxAttempts))
 	}
 	return attempts
 }

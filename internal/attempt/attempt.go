@@ -193,6 +193,32 @@ type Attempt struct {
 	Lease time.Duration
 }
 
+// Claimed returns the attempt of row, a key the store claimed, for the
+// registered tool of its name: row's request (metadata included) and
+// timings, claimedAt the local clock taken just before the claiming
+// statement was sent, maxAttempts (zero: no limit) and the client's lease.
+// Every attempt of a claimed row is built here, so that the dispatcher, the
+// reconciler and oncetest's Drain hand providers the same request.
+func (r *Runner) Claimed(row *store.ClaimedKey, claimedAt time.Time, maxAttempts int) Attempt {
+	return Attempt{
+		Tool: r.Tool(row.Tool),
+		Request: Request{
+			Key:       row.Key,
+			NaturalID: row.NaturalID,
+			Tool:      row.Tool,
+			Args:      row.Args,
+			Attempt:   row.Attempt,
+			Metadata:  row.Metadata,
+		},
+		Ambiguous:        row.Ambiguous,
+		FirstAttemptedAt: row.FirstAttemptedAt,
+		ClaimedNow:       row.Now,
+		ClaimedAt:        claimedAt,
+		MaxAttempts:      maxAttempts,
+		Lease:            r.config.Lease,
+	}
+}
+
 // Kind classifies how an attempt ended.
 type Kind int
 
