@@ -261,6 +261,11 @@ type Outcome struct {
 	// lease surely still holds: [Runner.Record] tries no statement again
 	// past it.
 	LeaseDeadline time.Time
+	// SlowDown, when positive, is how long the provider asked the whole
+	// tool to wait (outbox.SlowDown): a Retry outcome then never gave up
+	// for the attempt limit, and the dispatcher throttles the tool and
+	// returns the key without spending the attempt.
+	SlowDown time.Duration
 }
 
 // NewOutcome returns the outcome of a's attempt, of no kind yet
@@ -307,9 +312,10 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 	if err == nil {
 		return out.succeeded(resp)
 	}
+	out.SlowDown = slowDownDelay(err)
 	switch r.config.Classify(err) {
 	case Permanent:
-		out.Kind, out.Failure, out.Err = Failed, r.config.FailureBody(err), err
+		out.Kind, out.Failure, out.Err, out.SlowDown = Failed, r.config.FailureBody(err), err, 0
 		return out
 	case Ambiguous:
 		if tool.Delivery == AtMostOnce {
@@ -415,7 +421,9 @@ func (o Outcome) needsReview() Outcome {
 
 func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous bool, err error, failureBody func(error) json.RawMessage) Outcome {
 	o.Err, o.Ambiguous = err, ambiguous
-	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts {
+	// A provider's slow down is the tool's pace, not the key's failure: it
+	// never uses the key's last attempt up.
+	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts && o.SlowDown <= 0 {
 		o.GaveUp = true
 		if ambiguous && a.Tool.Delivery != ByKey {
 			return o.needsReview()
@@ -434,6 +442,16 @@ func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous boo
 		o.RetryDelay = max(o.RetryDelay, hinted.RetryDelay())
 	}
 	return o
+}
+
+// slowDownDelay is the delay of a provider's slow down in err's chain
+// (outbox.SlowDownError), or zero.
+func slowDownDelay(err error) time.Duration {
+	var slow interface{ SlowDownDelay() time.Duration }
+	if errors.As(err, &slow) {
+		return max(slow.SlowDownDelay(), 0)
+	}
+	return 0
 }
 
 // call runs the provider under the call timeout and turns a panic into an
