@@ -149,7 +149,7 @@ func (env *environment) drainPgonceIn(ctx context.Context, client *outbox.Client
 // whose key table autovacuum never analyzes: the table of a service that
 // filled it faster than autovacuum looked. With analyze it is analyzed
 // after the fill, as drainPgonce's is. With hashKey the key's index is the
-// hash index it had before migration 00005 instead of the primary key,
+// hash index it had before migration 00006 instead of the primary key,
 // so that one run compares the two.
 func (env *environment) drainPgonceFresh(ctx context.Context, runID string, analyze, hashKey bool) (span, error) {
 	schema := env.schemaPgonce + "_fresh"

@@ -19,7 +19,7 @@ const (
 
 	// The tuned drain in a fresh schema, its key table analyzed after the
 	// fill or never, with the key's primary key or with the hash index it
-	// had before migration 00005.
+	// had before migration 00006.
 	drainPgonceFreshAnalyzed   = "pgonce fresh analyzed"
 	drainPgonceFreshUnanalyzed = "pgonce fresh unanalyzed"
 	drainPgonceHashAnalyzed    = "pgonce hash key analyzed"

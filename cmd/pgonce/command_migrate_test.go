@@ -175,7 +175,7 @@ func TestMigrateSQL(t *testing.T) {
 		require.Equal(t, exitOK, res.code, res.stderr)
 		require.NotContains(t, res.stdout, "+goose Up")
 		// No Up section's statements: a Down restores what a later Up
-		// replaced at most (00004 puts back 00001's invariants, 00005 its
+		// replaced at most (00004 puts back 00001's invariants, 00006 its
 		// key index).
 		require.NotContains(t, res.stdout, "CREATE TABLE")
 		restored := `CREATE INDEX pgonce_key_key_idx ON "tenant_a".pgonce_key USING hash (key);`
