@@ -256,31 +256,8 @@ func (c *Client[TTx]) prepare(call Call) (submission, error) {
 // retention are stored with the key, for the reconciler.
 func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submission, call Call, inFlight bool) (Result, *store.InsertedKey, error) {
 	d := sub.derivation
-	params := &store.NewKey{
-		Key:         string(d.Key),
-		Scope:       d.Scope,
-		Tenant:      call.Tenant,
-		RunID:       call.RunID,
-		Step:        call.Step,
-		BusinessKey: call.Key,
-		Tool:        call.Tool,
-		NaturalID:   call.NaturalID,
-		Fingerprint: storedFingerprint(call, d),
-		Args:        d.Args,
-		Metadata:    sub.metadata,
-		Now:         c.nowParam(),
-	}
-	if sub.tool != nil {
-		params.Delivery = storedDelivery(sub.tool.Delivery)
-		params.KeyRetention = sub.tool.Opts.KeyRetention
-	}
-	if !call.NotBefore.IsZero() {
-		params.NotBefore = ptr(call.NotBefore)
-	}
-	params.Delay = call.Delay
-	if call.Key != "" {
-		params.RunID, params.Step = "", 0
-	}
+	params := c.newKey(sub, call)
+	params.Now = c.nowParam()
 	var notifyWindow *notifyWindow
 	if inFlight && !call.scheduled() {
 		params.Lease = c.config.Lease
@@ -320,21 +297,8 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submis
 		}
 		existing, err := exec.KeyGetByKeyOrScope(ctx, string(d.Key), d.Scope, c.nowParam())
 		if err == nil {
-			if existing.State == dbStateExpired {
-				// The action, or another one in its scope, already ran: the
-				// tombstone's Result comes with the error, as Get's does.
-				return c.resultFromRow(existing, false), nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
-			}
-			if existing.Key != string(d.Key) || existing.Fingerprint != storedFingerprint(call, d) {
-				return Result{}, nil, &KeyConflictError{
-					Key:                 d.Key,
-					ExistingKey:         Key(existing.Key),
-					Fingerprint:         d.Fingerprint,
-					ExistingFingerprint: existing.Fingerprint,
-					ExistingTool:        existing.Tool,
-				}
-			}
-			return c.resultFromRow(existing, false), nil, nil
+			res, err := c.answerExisting(existing, sub, call)
+			return res, nil, err
 		}
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("read existing key: %w", err)

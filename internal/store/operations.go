@@ -67,8 +67,11 @@ type NewKey struct {
 	Now *time.Time
 }
 
-// InsertedKey is what [Executor.KeyInsert] returns for a key it inserted.
+// InsertedKey is what [Executor.KeyInsert] and [Executor.KeyInsertMany]
+// return for a key they inserted.
 type InsertedKey struct {
+	// Key is set by [Executor.KeyInsertMany] alone.
+	Key       string
 	CreatedAt time.Time
 	// AvailableAt is when the key is due.
 	AvailableAt time.Time
