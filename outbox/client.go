@@ -40,8 +40,12 @@ type Client[TTx any] struct {
 // github.com/jackc/pgx/v5/stdlib, or stdlib.OpenDBFromPool). Its
 // [Client.SubmitTx] takes the caller's *sql.Tx. The schema must already be
 // migrated (see the migrations package); New itself runs no statement, so
-// call [Client.CheckSchema] at start-up to fail fast.
+// call [Client.CheckSchema] at start-up to fail fast. A nil db returns an
+// error matching [ErrInvalidConfig].
 func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: db must not be nil", ErrInvalidConfig)
+	}
 	return newClient(config, func(schema string) (store.Driver[*sql.Tx], error) {
 		return store.NewStdDriver(db, schema)
 	})
@@ -56,8 +60,12 @@ func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 // its connection config's DefaultQueryExecMode must be
 // pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol
 // (default_query_exec_mode=exec in the URL), or NewPgx returns an error
-// matching [ErrTransactionPooling].
+// matching [ErrTransactionPooling]. A nil pool returns an error matching
+// [ErrInvalidConfig].
 func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool must not be nil", ErrInvalidConfig)
+	}
 	if config.Pooling == PoolingTransaction {
 		if err := checkExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
 			return nil, err
@@ -230,6 +238,14 @@ func (c *Client[TTx]) prepare(call Call) (submission, error) {
 	tool := c.config.Registry.Lookup(call.Tool)
 	if tool == nil {
 		return submission{}, fmt.Errorf("%w: %q is not registered", ErrUnknownTool, call.Tool)
+	}
+	if tool.Delivery == LookupByNaturalID && call.NaturalID == "" {
+		// Without a natural id, an uncertain attempt could not be looked up,
+		// and the key would go to review however the provider answers.
+		return submission{}, &InvalidCallError{
+			Field:  "NaturalID",
+			Reason: fmt.Sprintf("is required for tool %s, registered LookupByNaturalID", quoteShort(call.Tool)),
+		}
 	}
 	return submission{derivation: d, tool: tool, metadata: metadata}, nil
 }
