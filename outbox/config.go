@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/migrations"
 )
 
 // Pooling says how the connections of a client's pool reach PostgreSQL,
@@ -231,7 +231,7 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := ident.ValidateSchema(c.Schema); err != nil {
+	if err := migrations.ValidateSchema(c.Schema); err != nil {
 		return err
 	}
 	switch {

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/pgonce/pgonce/internal/jcs"
 )
 
 const (
@@ -134,18 +136,18 @@ func deriveCall(c Call, full bool) (derivation, error) {
 		return derivation{}, err
 	}
 
-	st := getCanonState()
-	defer putCanonState(st)
+	st := jcs.Get()
+	defer st.Release()
 
-	args, err := st.canonicalize(c.Args, true)
+	args, err := st.Canonicalize(c.Args, jcs.NumbersExact)
 	if err != nil {
-		return derivation{}, fmt.Errorf("canonicalize args: %w", err)
+		return derivation{}, fmt.Errorf("canonicalize args: %w", notCanonical(err))
 	}
 
 	var stepBuf [20]byte
 	step := strconv.AppendInt(stepBuf[:0], c.Step, 10)
 
-	f := st.frame[:0]
+	f := st.Frame[:0]
 	f = appendField(f, tagKey)
 	if c.Key == "" {
 		f = appendField(f, kindStep)
@@ -184,7 +186,7 @@ func deriveCall(c Call, full bool) (derivation, error) {
 
 		d.Args = bytes.Clone(args)
 	}
-	st.frame = f
+	st.Frame = f
 	return d, nil
 }
 

@@ -491,7 +491,7 @@ func spellNumber(rng *rand.Rand, f float64) string {
 		return []string{"0", "-0", "0.0", "0e5", "-0.000E-3"}[rng.IntN(5)]
 	}
 	shortest := strconv.FormatFloat(f, 'e', -1, 64)
-	neg, digits, exp := normalizeDecimal([]byte(shortest), nil) // f = 0.digits × 10^exp
+	neg, digits, exp := shortestDecimal(shortest) // f = 0.digits × 10^exp
 	d := string(digits) + strings.Repeat("0", rng.IntN(3))
 	point := 1 + rng.IntN(len(d))
 	var sb strings.Builder
@@ -512,6 +512,19 @@ func spellNumber(rng *rand.Rand, f float64) string {
 	}
 	writeExponent(rng, &sb, exp-point)
 	return sb.String()
+}
+
+// shortestDecimal splits strconv's shortest 'e' form of a non-zero float,
+// -d.ddde±dd, into its sign, significant digits and exponent e, so that the
+// value is 0.digits × 10^e.
+func shortestDecimal(s string) (neg bool, digits string, exp int) {
+	s, neg = strings.CutPrefix(s, "-")
+	mantissa, e, _ := strings.Cut(s, "e")
+	n, err := strconv.Atoi(e)
+	if err != nil {
+		panic(err)
+	}
+	return neg, strings.Replace(mantissa, ".", "", 1), n + 1
 }
 
 func writeExponent(rng *rand.Rand, sb *strings.Builder, e int) {

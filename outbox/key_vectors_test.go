@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/jcs"
 )
 
 // keyVector is one entry of testdata/keys/v1.json at the repository root;
@@ -144,7 +146,7 @@ func expandArgs(t *testing.T, vec keyVector) any {
 		case "-Infinity":
 			return math.Inf(-1)
 		}
-		require.True(t, isNumberLiteral([]byte(*n.Float)), "float %q", *n.Float)
+		require.True(t, jcs.IsNumber([]byte(*n.Float)), "float %q", *n.Float)
 		f, err := strconv.ParseFloat(*n.Float, 64)
 		require.NoError(t, err)
 		return f

@@ -325,24 +325,10 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 	tool := *registered
 	tool.Delivery = storedDelivery(row.Delivery)
 	tool.KeyRetention = row.KeyRetention
-	a := attempt.Attempt{
-		Tool: &tool,
-		Request: attempt.Request{
-			Key:       row.Key,
-			NaturalID: row.NaturalID,
-			Tool:      row.Tool,
-			Args:      row.Args,
-			Attempt:   row.Attempt,
-			Metadata:  row.Metadata,
-		},
-		Ambiguous:        true,
-		FirstAttemptedAt: row.FirstAttemptedAt,
-		ClaimedNow:       row.Now,
-		ClaimedAt:        claimedAt,
-		// Recording is tried again after transient failures, but never past
-		// the reconciler's own lease.
-		Lease: r.client.Config().Lease,
-	}
+	// Recording is tried again after transient failures, but never past
+	// the reconciler's own lease.
+	a := r.attempts.Claimed(row, claimedAt, 0)
+	a.Tool, a.Ambiguous = &tool, true
 	out := r.attempts.NewOutcome(a)
 	out.Kind, out.Ambiguous = attempt.Retry, true
 	out.Err = errors.New("lease expired: the attempt's outcome is unknown")

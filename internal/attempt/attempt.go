@@ -193,6 +193,32 @@ type Attempt struct {
 	Lease time.Duration
 }
 
+// Claimed returns the attempt of row, a key the store claimed, for the
+// registered tool of its name: row's request (metadata included) and
+// timings, claimedAt the local clock taken just before the claiming
+// statement was sent, maxAttempts (zero: no limit) and the client's lease.
+// Every attempt of a claimed row is built here, so that the dispatcher, the
+// reconciler and oncetest's Drain hand providers the same request.
+func (r *Runner) Claimed(row *store.ClaimedKey, claimedAt time.Time, maxAttempts int) Attempt {
+	return Attempt{
+		Tool: r.Tool(row.Tool),
+		Request: Request{
+			Key:       row.Key,
+			NaturalID: row.NaturalID,
+			Tool:      row.Tool,
+			Args:      row.Args,
+			Attempt:   row.Attempt,
+			Metadata:  row.Metadata,
+		},
+		Ambiguous:        row.Ambiguous,
+		FirstAttemptedAt: row.FirstAttemptedAt,
+		ClaimedNow:       row.Now,
+		ClaimedAt:        claimedAt,
+		MaxAttempts:      maxAttempts,
+		Lease:            r.config.Lease,
+	}
+}
+
 // Kind classifies how an attempt ended.
 type Kind int
 
@@ -248,6 +274,11 @@ type Outcome struct {
 	// GaveUp reports a final outcome that a retryable or uncertain failure
 	// became at the attempt limit ([Attempt.MaxAttempts]).
 	GaveUp bool
+	// SlowDown, when positive, is how long the provider asked the whole
+	// tool to wait (outbox.SlowDown): a Retry outcome then never gave up
+	// for the attempt limit, and the dispatcher throttles the tool and
+	// returns the key without spending the attempt.
+	SlowDown time.Duration
 }
 
 // NewOutcome returns the outcome of a's attempt, of no kind yet
@@ -293,9 +324,10 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 	if err == nil {
 		return out.succeeded(resp)
 	}
+	out.SlowDown = slowDownDelay(err)
 	switch r.config.Classify(err) {
 	case Permanent:
-		out.Kind, out.Failure, out.Err = Failed, r.config.FailureBody(err), err
+		out.Kind, out.Failure, out.Err, out.SlowDown = Failed, r.config.FailureBody(err), err, 0
 		return out
 	case Ambiguous:
 		if tool.Delivery == AtMostOnce {
@@ -401,7 +433,9 @@ func (o Outcome) needsReview() Outcome {
 
 func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous bool, err error, failureBody func(error) json.RawMessage) Outcome {
 	o.Err, o.Ambiguous = err, ambiguous
-	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts {
+	// A provider's slow down is the tool's pace, not the key's failure: it
+	// never uses the key's last attempt up.
+	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts && o.SlowDown <= 0 {
 		o.GaveUp = true
 		if ambiguous && a.Tool.Delivery != ByKey {
 			return o.needsReview()
@@ -420,6 +454,16 @@ func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous boo
 		o.RetryDelay = max(o.RetryDelay, hinted.RetryDelay())
 	}
 	return o
+}
+
+// slowDownDelay is the delay of a provider's slow down in err's chain
+// (outbox.SlowDownError), or zero.
+func slowDownDelay(err error) time.Duration {
+	var slow interface{ SlowDownDelay() time.Duration }
+	if errors.As(err, &slow) {
+		return max(slow.SlowDownDelay(), 0)
+	}
+	return 0
 }
 
 // call runs the provider under the call timeout and turns a panic into an

@@ -16,7 +16,8 @@ type PgxDriver struct {
 	store *Store
 }
 
-// NewPgxDriver returns a driver over pool for schema.
+// NewPgxDriver returns a driver over pool for schema, a name that
+// migrations.ValidateSchema accepted (outbox checks it first).
 func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 	store, err := newStore(schema,
 		func(ctx context.Context, f func(dbpgx.DBTX) error) error { return f(pool) },

@@ -24,7 +24,8 @@ type StdDriver struct {
 	store *Store
 }
 
-// NewStdDriver returns a driver over db for schema.
+// NewStdDriver returns a driver over db for schema, a name that
+// migrations.ValidateSchema accepted (outbox checks it first).
 func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 	if _, ok := db.Driver().(*stdlib.Driver); !ok {
 		return nil, ErrNotPgxStdlib

@@ -168,9 +168,6 @@ func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) erro
 	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int,
 	versionFunc func(context.Context) (int64, int64, error), executor func(*Store) Executor,
 ) (*Store, error) {
-	if err := ident.ValidateSchema(schema); err != nil {
-		return nil, err
-	}
 	tpl := newTemplate(schema)
 	s := &Store{
 		Schema:       schema,

@@ -1,4 +1,4 @@
-package outbox
+package jcs
 
 import (
 	"crypto/sha256"
