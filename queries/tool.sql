@@ -353,8 +353,9 @@ FOR UPDATE;
 -- control, as OutboxClaimBatch does, but never more of a tool's keys than
 -- its free budget: none while the tool is paused or slowed down (before its
 -- not_before), no more than its max_in_flight less the keys of the tool
--- already in flight (counted through the lease index, which holds only the
--- keys in flight), and no more than the whole tokens of its rate's bucket,
+-- already in flight (counted through the in-flight index, which holds only
+-- the keys in flight, by tool: the planner reads only the tool's entries
+-- even on a table it has no statistics for), and no more than the whole tokens of its rate's bucket,
 -- which the claim spends. It runs in the transaction that locked the tools'
 -- rows (ToolLock) and after it, so that the count and the tokens are those
 -- the previous claim of the tool left. The bucket's clock is the wall
