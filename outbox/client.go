@@ -255,7 +255,7 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submis
 		Now:         c.nowParam(),
 	}
 	if sub.tool != nil {
-		params.Delivery = storedDelivery(sub.tool.Delivery)
+		params.Delivery = sub.tool.Delivery
 		params.KeyRetention = sub.tool.Opts.KeyRetention
 	}
 	if !call.NotBefore.IsZero() {

@@ -95,9 +95,9 @@ func TestRecordReadsBackWhatALostReplyWrote(t *testing.T) {
 	require.Equal(t, 2, tries)
 	require.Equal(t, map[string]bool{outcomes[0].Key: true}, written, "the lost reply's write is ours; the taken-over key is not")
 
-	require.Equal(t, store.StateSucceeded, bundle.get(t, outcomes[0].Key).State)
+	require.Equal(t, string(store.StateSucceeded), bundle.get(t, outcomes[0].Key).State)
 	taken := bundle.get(t, outcomes[1].Key)
-	require.Equal(t, store.StateOpen, taken.State)
+	require.Equal(t, string(store.StateOpen), taken.State)
 	require.NotNil(t, taken.LeaseUntil, "still in flight")
 }
 
@@ -120,15 +120,15 @@ func TestRecordFallsBackRowByRowOnADataError(t *testing.T) {
 		row := bundle.get(t, o.Key)
 		switch {
 		case o.Key == bad:
-			require.Equal(t, store.StateNeedsReview, row.State, "never attempted again")
+			require.Equal(t, string(store.StateNeedsReview), row.State, "never attempted again")
 			require.NotNil(t, row.LastError)
 			require.Contains(t, *row.LastError, "succeeded outcome could not be recorded")
 			require.Contains(t, *row.LastError, "value out of range")
 		case o.Kind == Retry:
-			require.Equal(t, store.StateOpen, row.State)
+			require.Equal(t, string(store.StateOpen), row.State)
 			require.Nil(t, row.LeaseUntil, "pending")
 		default:
-			require.Equal(t, store.StateSucceeded, row.State, "outcome %d", i)
+			require.Equal(t, string(store.StateSucceeded), row.State, "outcome %d", i)
 		}
 	}
 }
@@ -166,7 +166,7 @@ func TestRecordLeavesInFlightWhatFailsForAnotherReason(t *testing.T) {
 	require.ErrorContains(t, err, "SQLSTATE P0001")
 	require.Equal(t, map[string]bool{outcomes[0].Key: true, outcomes[2].Key: true}, written)
 	row := bundle.get(t, bad)
-	require.Equal(t, store.StateOpen, row.State)
+	require.Equal(t, string(store.StateOpen), row.State)
 	require.NotNil(t, row.LeaseUntil, "left in flight for the reconciler")
 }
 
