@@ -62,6 +62,10 @@ test: setup ## Run the tests against PostgreSQL, the fault campaign's quick prof
 	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go test -race -count=1 ./...); done
 	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
 
+.PHONY: test-busy
+test-busy: ## Run make test with two CPU-bound hogs per core beside it, as on a busy machine; it must pass (.ci/busy)
+	bash .ci/busy $(MAKE) --no-print-directory test
+
 .PHONY: demo
 demo: setup ## Run the refund demo against the local PostgreSQL (set up by .ci/setup when missing)
 	go run ./cmd/pgonce demo

@@ -34,6 +34,8 @@ type Dispatcher[TTx any] struct {
 	// reconciler runs maintenance while this dispatcher is elected; nil
 	// with [Config.MaintenanceDisabled].
 	reconciler *reconcile.Reconciler[TTx]
+	// controls knows which tools have flow control.
+	controls *controls
 
 	running sync.Mutex
 }
@@ -75,6 +77,7 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		logger:     config.Logger,
 		workerID:   ident.WorkerID(clientConfig.WorkerID),
 		reconciler: reconciler,
+		controls:   newControls(config.PollInterval),
 	}, nil
 }
 
@@ -165,7 +168,8 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 		claimed := 0
 		wait := d.config.PollInterval
 		if free >= claimAt || free == cap(slots) {
-			attempts, err := d.claim(ctx, min(free, d.config.BatchSize))
+			attempts, controlWait, err := d.claim(ctx, min(free, d.config.BatchSize), claimAt)
+			wait = min(wait, controlWait)
 			if err == nil {
 				claimRetry = claimRetryMin
 			} else {
@@ -187,6 +191,9 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 						// Cut off by the shutdown timeout: whether the
 						// provider acted is unknown, and the reconciler
 						// decides once the lease expires.
+						return
+					}
+					if out.SlowDown > 0 && d.throttle(callCtx, &out) {
 						return
 					}
 					// The slot is freed once the outcome is recorded, so that
@@ -238,10 +245,15 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	return nil
 }
 
-func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attempt, error) {
+// claim claims up to limit keys: those of tools with flow control through
+// the controlled claim, the others' through the plain one. wait is how soon
+// a controlled tool may have budget again (PollInterval when nothing is
+// known sooner).
+func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attempts []attempt.Attempt, wait time.Duration, err error) {
+	wait = d.config.PollInterval
 	tools := d.registry.Dispatched()
 	if len(tools) == 0 {
-		return nil, nil
+		return nil, wait, nil
 	}
 	// A claim that hangs (a connection whose server vanished) would stop the
 	// dispatcher: its deadline drops the connection, and the next claim
@@ -255,29 +267,66 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit int) ([]attempt.Attem
 			replicated = append(replicated, name)
 		}
 	}
-	rows, err := d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
-		Tools:           tools,
-		ReplicatedTools: replicated,
-		Max:             limit,
-		Lease:           d.client.Config().Lease,
-		Worker:          d.workerID,
-	})
+	controlled, plain, err := d.controls.split(ctx, d.store, tools)
+	if err != nil {
+		return nil, wait, fmt.Errorf("read tool flow control: %w", err)
+	}
+	var (
+		rows []*store.ClaimedKey
+		held []observe.Held
+	)
+	if len(controlled) > 0 {
+		var budgets []store.ToolBudget
+		rows, budgets, err = d.store.ClaimControlled(ctx, &store.ClaimBatchParams{
+			Tools:           controlled,
+			ReplicatedTools: replicated,
+			Max:             limit,
+			Lease:           d.client.Config().Lease,
+			Worker:          d.workerID,
+		})
+		if err != nil {
+			return nil, wait, fmt.Errorf("claim controlled outbox batch: %w", err)
+		}
+		perTool := make(map[string]int, len(controlled))
+		for _, row := range rows {
+			perTool[row.Tool]++
+		}
+		wait = controlWait(budgets, perTool, claimAt, wait)
+		held = heldTools(budgets, perTool, limit)
+		limit -= len(rows)
+	}
+	if len(plain) > 0 && limit > 0 {
+		var more []*store.ClaimedKey
+		more, err = d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
+			Tools:           plain,
+			ReplicatedTools: replicated,
+			Max:             limit,
+			Lease:           d.client.Config().Lease,
+			Worker:          d.workerID,
+		})
+		rows = append(rows, more...)
+	}
 	if obs := d.attempts.Observer(); obs != nil {
-		observeClaim(ctx, obs, claimedAt, limit, rows, err)
+		observeClaim(ctx, obs, claimedAt, limit, rows, held, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("claim outbox batch: %w", err)
+		return d.attemptsOf(rows, claimedAt), wait, fmt.Errorf("claim outbox batch: %w", err)
 	}
+	return d.attemptsOf(rows, claimedAt), wait, nil
+}
+
+// attemptsOf returns the attempts of claimed rows.
+func (d *Dispatcher[TTx]) attemptsOf(rows []*store.ClaimedKey, claimedAt time.Time) []attempt.Attempt {
 	attempts := make([]attempt.Attempt, 0, len(rows))
 	for _, row := range rows {
 		attempts = append(attempts, d.attempts.Claimed(row, claimedAt, d.config.MaxAttempts))
 	}
-	return attempts, nil
+	return attempts
 }
 
 // observeClaim tells obs of a claim sent at began.
-func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, limit int, rows []*store.ClaimedKey, err error) {
-	claim := &observe.Claim{Began: began, Ended: time.Now(), Limit: limit, Err: err, Keys: make([]observe.Key, len(rows))}
+func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, limit int, rows []*store.ClaimedKey, held []observe.Held, err error) {
+	claim := &observe.Claim{Began: began, Ended: time.Now(), Limit: limit, Err: err, Keys: make([]observe.Key, len(rows)), Held: held}
 	for i, row := range rows {
 		claim.Keys[i] = observe.Key{
 			Key: row.Key, Tool: row.Tool, Attempt: row.Attempt, Metadata: row.Metadata,
@@ -297,11 +346,14 @@ type pendingOutcome struct {
 }
 
 // record persists outcomes as they arrive, several in one statement when
-// several finished together.
+// several finished together. A large outcome ([attempt.Outcome.Large]) is
+// recorded alone, beside the batches, so that its bytes hold up no other
+// outcome; record returns once every outcome was recorded.
 func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 	const maxBatch = 256
+	var alone sync.WaitGroup
+	defer alone.Wait()
 	pending := make([]pendingOutcome, 0, maxBatch)
-	batch := make([]attempt.Outcome, 0, maxBatch)
 	for first := range outcomes {
 		pending = append(pending[:0], first)
 	drain:
@@ -316,28 +368,45 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 				break drain
 			}
 		}
-		batch = batch[:0]
+		small := pending[:0:0]
 		for _, p := range pending {
-			batch = append(batch, p.outcome)
-		}
-		// Record tries again after transient failures, within the leases,
-		// and logs what an operator must act on (review, failure) to the
-		// dispatcher's logger; retries are logged here, at debug.
-		began := time.Now()
-		written, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch)
-		if err != nil {
-			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
-				"error", err, "outcomes", len(batch))
-		}
-		if obs := d.attempts.Observer(); obs != nil {
-			observeRecord(obs, began, pending, written, err)
-		}
-		for _, p := range pending {
-			close(p.recorded)
-			if o := p.outcome; o.Kind == attempt.Retry {
-				d.logger.Debug("pgonce: attempt failed, will retry",
-					"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
+			if p.outcome.Large() {
+				alone.Go(func() { d.recordBatch([]pendingOutcome{p}) })
+			} else {
+				small = append(small, p)
 			}
+		}
+		if len(small) > 0 {
+			d.recordBatch(small)
+		}
+	}
+}
+
+// recordBatch records the outcomes of pending in one call of
+// [attempt.Runner.Record].
+func (d *Dispatcher[TTx]) recordBatch(pending []pendingOutcome) {
+	batch := make([]attempt.Outcome, 0, len(pending))
+	for _, p := range pending {
+		batch = append(batch, p.outcome)
+	}
+	// Record tries again after transient failures, past the leases if need
+	// be (each outcome is fenced by its attempt), and logs what an operator
+	// must act on (review, failure, an outcome fenced out) to the
+	// dispatcher's logger; retries are logged here, at debug.
+	began := time.Now()
+	written, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch)
+	if err != nil {
+		d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
+			"error", err, "outcomes", len(batch))
+	}
+	if obs := d.attempts.Observer(); obs != nil {
+		observeRecord(obs, began, pending, written, err)
+	}
+	for _, p := range pending {
+		close(p.recorded)
+		if o := p.outcome; o.Kind == attempt.Retry {
+			d.logger.Debug("pgonce: attempt failed, will retry",
+				"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
 		}
 	}
 }
@@ -422,7 +491,12 @@ func (d *Dispatcher[TTx]) startListener(ctx context.Context, background *sync.Wa
 func (d *Dispatcher[TTx]) listen(ctx context.Context, onNotify func()) {
 	d.store.ListenLoop(ctx, []string{d.store.WorkChannel}, d.client.Config().StatementTimeout,
 		onNotify,
-		func(*pgconn.Notification) { onNotify() },
+		func(n *pgconn.Notification) {
+			if isToolNotification(n.Payload) {
+				d.controls.invalidate()
+			}
+			onNotify()
+		},
 		func(err error, retryIn time.Duration) {
 			d.logger.WarnContext(ctx, "pgonce: listener lost its connection; polling until it reconnects",
 				"error", err, "retry_in", retryIn)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/httpprovider"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
@@ -30,6 +31,9 @@ const (
 	// maintenance every 100ms with a reconciler grace of 1ms, under the
 	// worker id child-PID.
 	childMaintenanceEnv = "PGONCE_TEST_CHILD_MAINTENANCE"
+	// childFlowURLEnv, when set, makes the child's refund provider an
+	// httpprovider that posts to this URL, under 100 slots.
+	childFlowURLEnv = "PGONCE_TEST_CHILD_FLOW_URL"
 )
 
 // runChildDispatcher is the body of a dispatcher process: over the driver
@@ -50,20 +54,31 @@ func runChildDispatcherOver[TTx any](driver drivertest.Driver[TTx]) int {
 	}
 	defer pool.Close()
 	pid := os.Getpid()
-	provider := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+	var provider outbox.Provider = outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
 		_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".ledger (key, pid) VALUES ($1, $2)`, string(req.Key), pid)
 		if err != nil {
 			return nil, err
 		}
 		return json.RawMessage(fmt.Sprintf(`{"pid":%d}`, pid)), nil
 	})
+	config := dispatcher.Config{PollInterval: 50 * time.Millisecond, BatchSize: 50, Concurrency: 8}
+	if url := os.Getenv(childFlowURLEnv); url != "" {
+		// The flow-control tests' provider: an HTTP API in the test
+		// process, which counts the calls it runs at once itself.
+		p, err := httpprovider.New(httpprovider.Config{URL: url})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 1
+		}
+		provider = p
+		config = dispatcher.Config{PollInterval: 100 * time.Millisecond, BatchSize: 100, Concurrency: 100}
+	}
 	registry := outbox.NewRegistry()
 	if err := registry.Register("refund", provider, outbox.IdempotentByKey); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
 	clientConfig := outbox.Config{Schema: schema, Registry: registry}
-	config := dispatcher.Config{PollInterval: 50 * time.Millisecond, BatchSize: 50, Concurrency: 8}
 	if os.Getenv(childMaintenanceEnv) != "" {
 		clientConfig.WorkerID = fmt.Sprintf("child-%d", pid)
 		config.MaintenanceInterval = 100 * time.Millisecond

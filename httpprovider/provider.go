@@ -152,6 +152,10 @@ const redirectsMax = 10
 //	409                        the API is still running a request with this
 //	                           key: retry later, by Retry-After if given
 //	408, 425, 429              not processed: retry, by Retry-After if given
+//	429, 503 with Retry-After  slow down ([outbox.SlowDown]): no call of the
+//	                           tool from any dispatcher until then, and the
+//	                           key waits without spending its attempt (a
+//	                           503 stays ambiguous)
 //	5xx                        may have acted: ambiguous, retry (the same key
 //	                           makes the retry safe), by Retry-After if given
 //	other 4xx (400, 402, 422)  permanent failure: the envelope is stored with
@@ -325,6 +329,11 @@ func (p *Provider) Call(ctx context.Context, req outbox.Request) (json.RawMessag
 		return stored, nil
 	case code == http.StatusConflict:
 		return nil, outbox.RetryAfter(fmt.Errorf("%s: 409: a request with this key is in progress downstream", p.what(httpReq)), retryAfter)
+	case code == http.StatusTooManyRequests && retryAfter > 0:
+		// The API's pace, not this request's: the whole tool slows down.
+		return nil, outbox.SlowDown(fmt.Errorf("%s: 429: not processed", p.what(httpReq)), retryAfter)
+	case code == http.StatusServiceUnavailable && retryAfter > 0:
+		return nil, outbox.SlowDown(outbox.Ambiguous(fmt.Errorf("%s: 503", p.what(httpReq))), retryAfter)
 	case code == http.StatusRequestTimeout || code == http.StatusTooEarly || code == http.StatusTooManyRequests:
 		return nil, outbox.RetryAfter(fmt.Errorf("%s: %d: not processed", p.what(httpReq), code), retryAfter)
 	case code >= 500:

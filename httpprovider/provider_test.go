@@ -36,10 +36,15 @@ func answering(t *testing.T, config httpprovider.Config, handler http.HandlerFun
 	return p
 }
 
+// retryDelay is the wait err asks for: a retry-after's, or a slow down's.
 func retryDelay(err error) time.Duration {
 	var hinted *outbox.RetryAfterError
 	if errors.As(err, &hinted) {
 		return hinted.Delay
+	}
+	var slow *outbox.SlowDownError
+	if errors.As(err, &slow) {
+		return slow.Delay
 	}
 	return 0
 }
@@ -154,7 +159,21 @@ func TestCall(t *testing.T) {
 			require.NotErrorAs(t, err, &permanent, "status %d", tt.code)
 			require.Equal(t, tt.ambiguous, outbox.IsAmbiguous(err), "status %d", tt.code)
 			require.Equal(t, 7*time.Second, retryDelay(err), "status %d", tt.code)
+			var slow *outbox.SlowDownError
+			require.Equal(t, tt.code == http.StatusTooManyRequests || tt.code == http.StatusServiceUnavailable,
+				errors.As(err, &slow), "status %d slows the whole tool down", tt.code)
 		}
+	})
+
+	t.Run("TooManyRequestsWithoutRetryAfterSlowsOnlyTheKey", func(t *testing.T) {
+		t.Parallel()
+		p := answering(t, httpprovider.Config{}, func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusTooManyRequests)
+		})
+		_, err := p.Call(t.Context(), testRequest())
+		require.Error(t, err)
+		var slow *outbox.SlowDownError
+		require.NotErrorAs(t, err, &slow)
 	})
 
 	t.Run("RetryAfterDateAndCap", func(t *testing.T) {

@@ -42,7 +42,7 @@ func schemaExists(ctx context.Context, t *testing.T, db *sql.DB, schema string) 
 func TestUp(t *testing.T) {
 	t.Parallel()
 
-	allTables := []string{"pgonce_attempt", "pgonce_db_version", "pgonce_key", "pgonce_leader", "pgonce_resolution"}
+	allTables := []string{"pgonce_attempt", "pgonce_db_version", "pgonce_key", "pgonce_leader", "pgonce_resolution", "pgonce_tool", "pgonce_tool_action"}
 
 	t.Run("AppliesToEmptyDatabaseAndIsIdempotent", func(t *testing.T) {
 		t.Parallel()

@@ -40,7 +40,8 @@ var ErrUnknownTool = errors.New("unknown tool")
 // cannot be registered.
 var ErrInvalidRegistration = errors.New("invalid tool registration")
 
-// ErrInvalidConfig is returned by [New] and [NewPgx] for an invalid [Config].
+// ErrInvalidConfig is returned by [New] and [NewPgx] for an invalid [Config],
+// and for a nil db or pool.
 var ErrInvalidConfig = errors.New("invalid config")
 
 // ErrInvalidSchema is returned by [New] and [NewPgx] for a schema name that is

@@ -57,6 +57,9 @@ func (o *observer) Claimed(ctx context.Context, claim *observe.Claim) {
 			t.commitToCall.Record(mctx, key.Waited.Seconds(), t.tool(key.Tool).toolOnly)
 		}
 	}
+	for _, held := range claim.Held {
+		t.claimsHeld.Add(mctx, 1, metric.WithAttributes(AttrTool.String(held.Tool), AttrOutcome.String(held.Reason)))
+	}
 	if len(claim.Keys) == 0 && claim.Err == nil {
 		return
 	}

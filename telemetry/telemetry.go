@@ -74,6 +74,12 @@ const (
 	// tool has waited, by db.namespace and pgonce.tool, reported as
 	// [MetricKeyCount] is. Unit s.
 	MetricOldestPending = "pgonce.key.oldest_pending_age"
+	// MetricClaimsHeld counts the claims that left a tool's due keys
+	// waiting for its flow control, by pgonce.tool and pgonce.outcome:
+	// "paused" (an operator paused the tool), "slowed_down" (its provider
+	// asked to slow down) or "limited" (its limit on calls in flight or its
+	// rate). Unit {claim}.
+	MetricClaimsHeld = "pgonce.claim.held"
 )
 
 // Attribute keys of pgonce's spans and metrics.
@@ -126,6 +132,7 @@ type Telemetry struct {
 	pruned     metric.Int64Counter
 
 	resolutions    metric.Int64Counter
+	claimsHeld     metric.Int64Counter
 	commitToCall   metric.Float64Histogram
 	claimDuration  metric.Float64Histogram
 	claimSize      metric.Int64Histogram
@@ -193,6 +200,7 @@ func New(config Config) (*Telemetry, error) {
 	tel.submits = counter(MetricSubmits, "{submit}", "Submits and Dos of pgonce keys, by outcome.")
 	tel.pruned = counter(MetricPruned, "{key}", "Keys turned into tombstones and tombstones deleted by pgonce's pruning.")
 	tel.resolutions = counter(MetricResolutions, "{key}", "Expired in-flight keys resolved by pgonce's reconcilers, by outcome.")
+	tel.claimsHeld = counter(MetricClaimsHeld, "{claim}", "Claims that left a tool's due keys waiting for its flow control (pause, slow-down, limits).")
 	tel.commitToCall = seconds(MetricCommitToCall, "How long keys were due before a dispatcher claimed them for a provider call.")
 	tel.claimDuration = seconds(MetricClaimDuration, "Duration of pgonce dispatchers' claim batches.")
 	tel.claimSize = sizes(MetricClaimSize, "Keys claimed by a pgonce dispatcher's claim batch.")

@@ -205,15 +205,6 @@ func (r *Runner) Claimed(row *store.ClaimedKey, claimedAt time.Time, maxAttempts
 	}
 }
 
-// leaseDeadline is the local time before which the attempt's lease surely
-// holds: the lease was set, by the database, after ClaimedAt.
-func (a Attempt) leaseDeadline() time.Time {
-	if a.Lease <= 0 || a.ClaimedAt.IsZero() {
-		return time.Time{}
-	}
-	return a.ClaimedAt.Add(a.Lease)
-}
-
 // Kind classifies how an attempt ended.
 type Kind int
 
@@ -269,21 +260,21 @@ type Outcome struct {
 	// GaveUp reports a final outcome that a retryable or uncertain failure
 	// became at the attempt limit ([Attempt.MaxAttempts]).
 	GaveUp bool
-	// LeaseDeadline, when set, is the local time by which the attempt's
-	// lease surely still holds: [Runner.Record] tries no statement again
-	// past it.
-	LeaseDeadline time.Time
+	// SlowDown, when positive, is how long the provider asked the whole
+	// tool to wait (outbox.SlowDown): a Retry outcome then never gave up
+	// for the attempt limit, and the dispatcher throttles the tool and
+	// returns the key without spending the attempt.
+	SlowDown time.Duration
 }
 
 // NewOutcome returns the outcome of a's attempt, of no kind yet
-// ([Succeeded]), with its retention and lease deadline.
+// ([Succeeded]), with its retention.
 func (r *Runner) NewOutcome(a Attempt) Outcome {
 	return Outcome{
-		Key:           a.Request.Key,
-		Tool:          a.Request.Tool,
-		Attempt:       a.Request.Attempt,
-		Retention:     cmp.Or(a.Tool.Retention, r.config.Retention),
-		LeaseDeadline: a.leaseDeadline(),
+		Key:       a.Request.Key,
+		Tool:      a.Request.Tool,
+		Attempt:   a.Request.Attempt,
+		Retention: cmp.Or(a.Tool.Retention, r.config.Retention),
 	}
 }
 
@@ -319,9 +310,10 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 	if err == nil {
 		return out.succeeded(resp)
 	}
+	out.SlowDown = slowDownDelay(err)
 	switch r.config.Classify(err) {
 	case Permanent:
-		out.Kind, out.Failure, out.Err = Failed, r.config.FailureBody(err), err
+		out.Kind, out.Failure, out.Err, out.SlowDown = Failed, r.config.FailureBody(err), err, 0
 		return out
 	case Ambiguous:
 		if tool.Delivery == store.DeliveryAtMostOnce {
@@ -427,7 +419,9 @@ func (o Outcome) needsReview() Outcome {
 
 func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous bool, err error, failureBody func(error) json.RawMessage) Outcome {
 	o.Err, o.Ambiguous = err, ambiguous
-	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts {
+	// A provider's slow down is the tool's pace, not the key's failure: it
+	// never uses the key's last attempt up.
+	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts && o.SlowDown <= 0 {
 		o.GaveUp = true
 		if ambiguous && a.Tool.Delivery != store.DeliveryByKey {
 			return o.needsReview()
@@ -446,6 +440,16 @@ func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous boo
 		o.RetryDelay = max(o.RetryDelay, hinted.RetryDelay())
 	}
 	return o
+}
+
+// slowDownDelay is the delay of a provider's slow down in err's chain
+// (outbox.SlowDownError), or zero.
+func slowDownDelay(err error) time.Duration {
+	var slow interface{ SlowDownDelay() time.Duration }
+	if errors.As(err, &slow) {
+		return max(slow.SlowDownDelay(), 0)
+	}
+	return 0
 }
 
 // call runs the provider under the call timeout and turns a panic into an

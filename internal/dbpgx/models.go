@@ -113,3 +113,26 @@ type PgonceResolution struct {
 	ResolvedBy string
 	Reason     string
 }
+
+type PgonceTool struct {
+	Tool         string
+	MaxInFlight  *int32
+	Rate         *float64
+	Burst        *int32
+	Tokens       *float64
+	RefilledAt   *time.Time
+	NotBefore    *time.Time
+	PausedAt     *time.Time
+	PausedBy     *string
+	PausedReason *string
+	UpdatedAt    time.Time
+}
+
+type PgonceToolAction struct {
+	ID      int64
+	ActedAt time.Time
+	Tool    string
+	Action  string
+	ActedBy string
+	Reason  string
+}

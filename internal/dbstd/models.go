@@ -5,6 +5,7 @@
 package dbstd
 
 import (
+	"database/sql"
 	"database/sql/driver"
 	"fmt"
 	"time"
@@ -112,4 +113,27 @@ type PgonceResolution struct {
 	Action     string
 	ResolvedBy string
 	Reason     string
+}
+
+type PgonceTool struct {
+	Tool         string
+	MaxInFlight  *int32
+	Rate         sql.NullFloat64
+	Burst        *int32
+	Tokens       sql.NullFloat64
+	RefilledAt   *time.Time
+	NotBefore    *time.Time
+	PausedAt     *time.Time
+	PausedBy     *string
+	PausedReason *string
+	UpdatedAt    time.Time
+}
+
+type PgonceToolAction struct {
+	ID      int64
+	ActedAt time.Time
+	Tool    string
+	Action  string
+	ActedBy string
+	Reason  string
 }

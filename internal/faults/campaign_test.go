@@ -279,11 +279,39 @@ func (b *bundle) runReconciler(t *testing.T) (stop func()) {
 	return background(t, "Reconciler.Run", func(ctx context.Context) { _ = b.reconcile(ctx) })
 }
 
+// minCommitted is how many calls a campaign's workload commits at least
+// before its first fault and before it stops. A window of fixed length
+// commits none on a loaded machine, and leaves the checker nothing to check.
+const minCommitted = 3
+
+// commitTimeout bounds the wait for the workload's committed calls.
+const commitTimeout = 3 * time.Minute
+
+// awaitCommitted waits until the workload has committed n calls in all,
+// and fails t if it has not within commitTimeout.
+func (b *bundle) awaitCommitted(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(commitTimeout)
+	for b.history.Committed() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the workload committed %d of %d calls within %s (history: %d calls, %d errors)",
+				b.history.Committed(), n, commitTimeout, len(b.history.Entries()), b.load.Errors())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // submit runs the workload until stop: workers goroutines, each pausing
-// between its calls.
+// between its calls. stop first waits until the workload has committed
+// minCommitted calls in all.
 func (b *bundle) submit(t *testing.T, workers int, pause time.Duration) (stop func()) {
 	t.Helper()
-	return background(t, "the workload", func(ctx context.Context) { b.load.Run(ctx, workers, 0, pause) })
+	cancel := background(t, "the workload", func(ctx context.Context) { b.load.Run(ctx, workers, 0, pause) })
+	return func() {
+		t.Helper()
+		b.awaitCommitted(t, minCommitted)
+		cancel()
+	}
 }
 
 // finish waits until every committed call is terminal, with a dispatcher

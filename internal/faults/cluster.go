@@ -29,6 +29,12 @@ const (
 // can be found and dropped.
 const ClusterPrefix = "pgonce_faults_"
 
+// ClusterOwnerFile, in a private cluster's configuration directory, holds
+// the process id of the test binary that made it: the sweep of leftovers
+// (.ci/setup) spares a cluster whose test binary still runs, so that one
+// run's set-up does not drop another's clusters.
+const ClusterOwnerFile = "pgonce_owner_pid"
+
 // FaketimeLibrary returns the path of libfaketime's preload library
 // (Debian package faketime), and fails tb when it is not installed.
 func FaketimeLibrary(tb testing.TB) string {
@@ -84,6 +90,7 @@ func NewCluster(tb testing.TB, env map[string]string) *Cluster {
 		}
 	})
 	c.run("pg_createcluster", c.Version, c.Name, "--port", fmt.Sprint(c.Port), "--", "--auth=trust", "--no-sync")
+	c.write(ClusterOwnerFile, fmt.Sprintln(os.Getpid()))
 	conf := "listen_addresses = '127.0.0.1'\nfsync = off\nmax_connections = 200\nlog_min_messages = warning\n"
 	c.write(filepath.Join("conf.d", "faults.conf"), conf)
 	c.SetEnv(env)

@@ -126,6 +126,19 @@ func (h *History) Entries() []Entry {
 	return out
 }
 
+// Committed counts the entries whose transaction committed.
+func (h *History) Committed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, e := range h.entries {
+		if e.Fate == FateCommitted {
+			n++
+		}
+	}
+	return n
+}
+
 // Keys returns the keys of the entries whose transaction committed or may
 // have.
 func (h *History) Keys() []outbox.Key {

@@ -34,8 +34,9 @@ func proxiedClient(t *testing.T, c campaignClient) (*bundle, *faults.Proxy) {
 }
 
 // underLoad runs the workload, a dispatcher and a reconciler through the
-// proxy while inject injects its faults, then lets everything finish with a
-// healthy network and checks the history.
+// proxy while inject injects its faults (from the time the workload has
+// committed minCommitted calls), then lets everything finish with a healthy
+// network and checks the history.
 func underLoad(t *testing.T, b *bundle, inject func()) {
 	t.Helper()
 	underLoadOpts(t, b, faults.CheckOpts{}, inject)
@@ -47,7 +48,7 @@ func underLoadOpts(t *testing.T, b *bundle, opts faults.CheckOpts, inject func()
 	stopSubmit := b.submit(t, 2, 5*time.Millisecond)
 	stopDispatch := b.runDispatcher(t)
 	stopReconcile := b.runReconciler(t)
-	time.Sleep(200 * time.Millisecond) // work under way before the first fault
+	b.awaitCommitted(t, minCommitted) // work under way before the first fault
 	inject()
 	stopSubmit()
 	stopDispatch()

@@ -62,8 +62,18 @@ type Claim struct {
 	Limit int
 	// Keys are the keys it claimed.
 	Keys []Key
+	// Held are the tools whose flow control held keys back from the claim.
+	Held []Held
 	// Err is the claim's error.
 	Err error
+}
+
+// Held is a tool whose due keys a claim left waiting for its flow control.
+type Held struct {
+	Tool string
+	// Reason is "paused", "slowed_down" or "limited" (its limit on calls
+	// in flight or its rate).
+	Reason string
 }
 
 // Key is one key of a batch.

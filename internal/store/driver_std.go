@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -100,6 +101,34 @@ func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 		return nil, e.store.interpretError(ctx, err)
 	}
 	return insertedKey((*dbpgx.KeyInsertRow)(row)), nil
+}
+
+func (e *stdExecutor) KeyInsertMany(ctx context.Context, p *InsertManyParams) ([]*InsertedKey, error) {
+	params, err := keyInsertManyParams(p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := e.q.KeyInsertMany(ctx, e.db, &dbstd.KeyInsertManyParams{Now: params.Now, Calls: params.Calls, Channel: params.Channel})
+	if err != nil {
+		return nil, e.store.interpretError(ctx, err)
+	}
+	converted := make([]*dbpgx.KeyInsertManyRow, len(rows))
+	for i, row := range rows {
+		converted[i] = (*dbpgx.KeyInsertManyRow)(row)
+	}
+	return insertedKeys(converted), nil
+}
+
+func (e *stdExecutor) KeysByScope(ctx context.Context, scopes []string, now *time.Time) ([]*KeyRow, error) {
+	rows, err := e.q.KeyGetByScopes(ctx, e.db, &dbstd.KeyGetByScopesParams{Scopes: strings.Join(scopes, ","), Now: now})
+	if err != nil {
+		return nil, e.store.interpretError(ctx, err)
+	}
+	keys := make([]*KeyRow, len(rows))
+	for i, row := range rows {
+		keys[i] = keyRowFromGet((*dbpgx.KeyGetRow)(row))
+	}
+	return keys, nil
 }
 
 func (e *stdExecutor) KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error {

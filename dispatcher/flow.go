@@ -1,0 +1,172 @@
+package dispatcher
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pgonce/pgonce/internal/attempt"
+	"github.com/pgonce/pgonce/internal/observe"
+	"github.com/pgonce/pgonce/internal/store"
+)
+
+// controlPollMin is how soon a dispatcher looks again at a tool held back
+// by its limit on calls in flight while keys of it wait: a call that
+// another dispatcher finishes frees budget without waking this one.
+const controlPollMin = 50 * time.Millisecond
+
+// toolNotificationPrefix starts the payload of a work notification that a
+// tool's flow control changed (see queries/tool.sql).
+const toolNotificationPrefix = "tool:"
+
+// controls is the dispatcher's view of which of its tools have flow control
+// (a row in pgonce_tool): their keys are claimed by the controlled claim,
+// every other tool's by the plain one, which never reads pgonce_tool. It is
+// read again every PollInterval, and at once when a notification says a
+// tool's flow control changed.
+type controls struct {
+	mu        sync.Mutex
+	tools     map[string]bool
+	readAt    time.Time
+	stale     bool
+	readEvery time.Duration
+}
+
+func newControls(readEvery time.Duration) *controls {
+	return &controls{readEvery: readEvery, stale: true}
+}
+
+// invalidate makes the next claim read the tools' flow control again.
+func (c *controls) invalidate() {
+	c.mu.Lock()
+	c.stale = true
+	c.mu.Unlock()
+}
+
+// add marks tool as controlled at once: this dispatcher just gave it a row.
+func (c *controls) add(tool string) {
+	c.mu.Lock()
+	if c.tools == nil {
+		c.tools = map[string]bool{}
+	}
+	c.tools[tool] = true
+	c.mu.Unlock()
+}
+
+// split returns which of tools are controlled and which are not, reading
+// the flow control again first when it is due.
+func (c *controls) split(ctx context.Context, s *store.Store, tools []string) (controlled, plain []string, err error) {
+	c.mu.Lock()
+	due := c.stale || time.Since(c.readAt) >= c.readEvery
+	c.mu.Unlock()
+	if due {
+		rows, err := s.ToolControls(ctx, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		read := make(map[string]bool, len(rows))
+		for _, row := range rows {
+			read[row.Tool] = true
+		}
+		c.mu.Lock()
+		c.tools, c.readAt, c.stale = read, time.Now(), false
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.tools) == 0 {
+		return nil, tools, nil
+	}
+	for _, tool := range tools {
+		if c.tools[tool] {
+			controlled = append(controlled, tool)
+		} else {
+			plain = append(plain, tool)
+		}
+	}
+	return controlled, plain, nil
+}
+
+// isToolNotification reports whether a work notification's payload says
+// that a tool's flow control changed.
+func isToolNotification(payload string) bool {
+	return strings.HasPrefix(payload, toolNotificationPrefix)
+}
+
+// controlWait is how soon the controlled tools in budgets may have budget
+// again, given how many keys of each the claim took (claimed), the claim's
+// batch threshold (claimAt), and poll, the wait when nothing is known
+// sooner. A paused tool waits for its resume's notification, or poll.
+func controlWait(budgets []store.ToolBudget, claimed map[string]int, claimAt int, poll time.Duration) time.Duration {
+	wait := poll
+	for _, b := range budgets {
+		if !b.Waiting || b.Paused {
+			continue
+		}
+		if b.NotBefore != nil {
+			wait = min(wait, b.NotBefore.Sub(b.Now)+time.Millisecond)
+			continue
+		}
+		if b.Rate > 0 {
+			// Come back when enough tokens for a worthwhile claim have
+			// accrued, not for every single one.
+			want := max(1, min(float64(claimAt), float64(b.Burst)/4))
+			if left := b.Tokens - float64(claimed[b.Tool]); left < want {
+				wait = min(wait, time.Duration((want-left)/b.Rate*float64(time.Second))+time.Millisecond)
+			}
+		}
+		if b.MaxInFlight > 0 {
+			wait = min(wait, controlPollMin)
+		}
+	}
+	return max(wait, time.Millisecond)
+}
+
+// throttle applies a provider's slow down of out (out.SlowDown > 0): the
+// tool is slowed down for every dispatcher, and a Retry outcome's key goes
+// back to pending without spending its attempt. It reports whether the
+// outcome needs no recording: false when out is another kind (recorded as
+// usual) or when the throttle statement failed (out is then recorded as
+// an ordinary retry, after its delay).
+func (d *Dispatcher[TTx]) throttle(ctx context.Context, out *attempt.Outcome) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.client.Config().StatementTimeout)
+	defer cancel()
+	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown}
+	if !d.client.Config().NotifyDisabled {
+		p.Channel = d.store.WorkChannel
+	}
+	if out.Kind == attempt.Retry {
+		p.Key, p.Attempt, p.Ambiguous = out.Key, out.Attempt, out.Ambiguous
+		p.LastError = attempt.SanitizeText("slowed down: " + out.Err.Error())
+	}
+	res, err := d.store.Throttle(ctx, p)
+	if err != nil {
+		d.logger.ErrorContext(ctx, "pgonce: slowing the tool down failed; the key is retried after its delay",
+			"tool", out.Tool, "key", out.Key, "error", err)
+		return false
+	}
+	d.controls.add(out.Tool)
+	d.logger.InfoContext(ctx, "pgonce: the provider asked to slow down; no call of the tool until not_before",
+		"tool", out.Tool, "key", out.Key, "not_before", res.NotBefore, "delay", out.SlowDown)
+	return out.Kind == attempt.Retry && res.Released
+}
+
+// heldTools returns the controlled tools whose due keys the claim left
+// waiting for their flow control, given how many keys of each it took and
+// the most it could take.
+func heldTools(budgets []store.ToolBudget, claimed map[string]int, limit int) []observe.Held {
+	var held []observe.Held
+	for _, b := range budgets {
+		switch {
+		case !b.Waiting:
+		case b.Paused:
+			held = append(held, observe.Held{Tool: b.Tool, Reason: "paused"})
+		case b.NotBefore != nil:
+			held = append(held, observe.Held{Tool: b.Tool, Reason: "slowed_down"})
+		case (b.MaxInFlight > 0 || b.Rate > 0) && claimed[b.Tool] < limit:
+			held = append(held, observe.Held{Tool: b.Tool, Reason: "limited"})
+		}
+	}
+	return held
+}

@@ -1,0 +1,340 @@
+package dispatcher_test
+
+import (
+	"context"
+	"database/sql"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/httpprovider"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
+	"github.com/pgonce/pgonce/outbox"
+)
+
+// countingAPI is a downstream HTTP API that counts, itself, the calls it
+// runs at once and the calls of each idempotency key, and may answer one
+// call with a slow down.
+type countingAPI struct {
+	running, most atomic.Int64
+	// hold is how long each call takes.
+	hold time.Duration
+	// slowDownAt, when positive, is the call (from 1) answered with a 429
+	// and Retry-After of slowDownFor seconds.
+	slowDownAt  int64
+	slowDownFor int
+
+	mu       sync.Mutex
+	calls    int64
+	keys     map[string]int
+	arrivals []time.Time
+	// slowedAt is when the 429 was sent.
+	slowedAt time.Time
+}
+
+func newCountingAPI(hold time.Duration) *countingAPI {
+	return &countingAPI{hold: hold, keys: map[string]int{}}
+}
+
+func (a *countingAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := a.running.Add(1)
+	defer a.running.Add(-1)
+	for most := a.most.Load(); now > most && !a.most.CompareAndSwap(most, now); most = a.most.Load() {
+	}
+	a.mu.Lock()
+	a.calls++
+	call := a.calls
+	a.arrivals = append(a.arrivals, time.Now())
+	if call == a.slowDownAt {
+		a.slowedAt = time.Now()
+		a.mu.Unlock()
+		w.Header().Set("Retry-After", strconv.Itoa(a.slowDownFor))
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	a.keys[r.Header.Get(httpprovider.KeyHeaderDefault)]++
+	a.mu.Unlock()
+	// The call's own work: long enough for calls to overlap.
+	time.Sleep(a.hold)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"ok":true}`))
+}
+
+// effects returns how many keys the API acted on, and the most times one
+// key was acted on.
+func (a *countingAPI) effects() (keys, most int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, n := range a.keys {
+		most = max(most, n)
+	}
+	return len(a.keys), most
+}
+
+// flowCalls is how many calls the multi-process flow test drains:
+// PGONCE_TEST_FLOW_CALLS, or 2,000.
+func flowCalls(t *testing.T) int {
+	t.Helper()
+	if v := os.Getenv("PGONCE_TEST_FLOW_CALLS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		return n
+	}
+	return 2000
+}
+
+func TestFlowMaxInFlightAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	drivertest.All(t, testFlowMaxInFlightAcrossProcesses[pgx.Tx], testFlowMaxInFlightAcrossProcesses[*sql.Tx])
+}
+
+// testFlowMaxInFlightAcrossProcesses runs three dispatcher processes of 100
+// slots each against an API that counts its concurrent calls itself, with a
+// limit of 25 in flight: the API never runs more than 25 at once, and every
+// key acts once.
+func testFlowMaxInFlightAcrossProcesses[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
+	api := newCountingAPI(2 * time.Millisecond)
+	server := httptest.NewServer(api)
+	t.Cleanup(server.Close)
+
+	const limit = 25
+	_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: limit},
+		outbox.LimitParams{By: "test", Reason: "the provider takes 25 at once"})
+	require.NoError(t, err)
+	calls := flowCalls(t)
+	bundle.submitAll(t, bundle.client, callsFrom("refund", 0, calls))
+
+	children := make([]*exec.Cmd, 3)
+	for i := range children {
+		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+driver.URL(t),
+			childDriverEnv+"="+driver.Name, childFlowURLEnv+"="+server.URL)
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		children[i] = cmd
+	}
+	t.Cleanup(func() {
+		for _, cmd := range children {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+
+	pool := pgoncetest.Pool(t)
+	require.Eventually(t, func() bool {
+		var open int
+		err := pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state <> 'succeeded'`).Scan(&open)
+		return err == nil && open == 0
+	}, 10*time.Minute, 20*time.Millisecond)
+	for _, cmd := range children {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	}
+	for _, cmd := range children {
+		require.NoError(t, cmd.Wait())
+	}
+
+	keys, most := api.effects()
+	require.Equal(t, calls, keys, "every key acted on")
+	require.Equal(t, 1, most, "no key acted on twice")
+	require.LessOrEqual(t, api.most.Load(), int64(limit), "the API never ran more calls at once than the limit")
+	require.Greater(t, api.most.Load(), int64(1), "calls overlapped")
+}
+
+func TestFlowSlowDown(t *testing.T) {
+	t.Parallel()
+	drivertest.All(t, testFlowSlowDown[pgx.Tx], testFlowSlowDown[*sql.Tx])
+}
+
+func testFlowSlowDown[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+
+	// dispatchers starts three dispatchers over their own clients, whose
+	// refund tool posts to url.
+	dispatchers := func(t *testing.T, bundle *testBundle[TTx], url string) {
+		t.Helper()
+		for range 3 {
+			p, err := httpprovider.New(httpprovider.Config{URL: url})
+			require.NoError(t, err)
+			registry := outbox.NewRegistry()
+			require.NoError(t, registry.Register("refund", p, outbox.IdempotentByKey))
+			d, err := dispatcher.New(bundle.clientWith(t, registry), dispatcher.Config{
+				PollInterval: 20 * time.Millisecond, Concurrency: 10, MaxAttempts: 1,
+			})
+			require.NoError(t, err)
+			start(t, d)
+		}
+	}
+
+	t.Run("NoCallUntilRetryAfterFromAnyDispatcher", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		api := newCountingAPI(0)
+		api.slowDownAt, api.slowDownFor = 5, 2
+		server := httptest.NewServer(api)
+		t.Cleanup(server.Close)
+		// One call at a time across the dispatchers: the call that is told
+		// to slow down is the only one in flight, so every later call was
+		// claimed after the slow down was recorded.
+		_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: 1},
+			outbox.LimitParams{By: "test", Reason: "one at a time"})
+		require.NoError(t, err)
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, 10))
+		dispatchers(t, bundle, server.URL)
+
+		for _, key := range keys {
+			// MaxAttempts is 1: a key whose slow down spent its attempt
+			// would fail.
+			res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+			require.Equal(t, 1, res.Attempts, "the slow down spent no attempt of key %s", key)
+		}
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		require.Len(t, api.arrivals, 11, "ten calls and the one told to slow down")
+		after := api.arrivals[api.slowDownAt]
+		require.GreaterOrEqual(t, after.Sub(api.slowedAt), 2*time.Second,
+			"no call within Retry-After of the 429")
+	})
+
+	t.Run("ToolWithoutControlIsSlowedDownAndNoKeyFails", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		api := newCountingAPI(time.Millisecond)
+		api.slowDownAt, api.slowDownFor = 20, 1
+		server := httptest.NewServer(api)
+		t.Cleanup(server.Close)
+		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, 200))
+		dispatchers(t, bundle, server.URL)
+
+		for _, key := range keys {
+			res := awaitState(t, bundle.client, key, outbox.StateSucceeded)
+			require.Equal(t, 1, res.Attempts, "the slow down spent no attempt of key %s", key)
+		}
+		got, most := api.effects()
+		require.Equal(t, len(keys), got)
+		require.Equal(t, 1, most)
+		status, err := bundle.client.Tool(t.Context(), "refund")
+		require.NoError(t, err)
+		require.False(t, status.SlowedUntil.IsZero(), "the tool kept its not-before time")
+	})
+}
+
+func TestFlowPause(t *testing.T) {
+	t.Parallel()
+	drivertest.All(t, testFlowPause[pgx.Tx], testFlowPause[*sql.Tx])
+}
+
+func testFlowPause[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+
+	t.Run("PausedKeysWaitAndResumeRunsThem", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		status, err := bundle.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "alice", Reason: "provider incident"})
+		require.NoError(t, err)
+		require.True(t, status.Paused)
+		require.Equal(t, "alice", status.PausedBy)
+		require.Equal(t, "provider incident", status.PausedReason)
+
+		paused := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, 3))
+		other := submit(t, bundle.client, "provision", 100)
+		start(t, mustDispatcher(t, bundle.client))
+
+		// The dispatcher claimed the other tool's key, in a claim that held
+		// the paused tool's back.
+		awaitState(t, bundle.client, other, outbox.StateSucceeded)
+		for _, key := range paused {
+			res, err := bundle.client.Get(t.Context(), key)
+			require.NoError(t, err)
+			require.Equal(t, outbox.StatePending, res.State)
+			calls, _ := bundle.ledger.count(key)
+			require.Zero(t, calls)
+		}
+
+		status, err = bundle.client.Resume(t.Context(), "refund", outbox.ResumeParams{By: "bob"})
+		require.NoError(t, err)
+		require.False(t, status.Paused)
+		for _, key := range paused {
+			awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		}
+		actions, err := bundle.client.ToolActions(t.Context(), "refund")
+		require.NoError(t, err)
+		require.Len(t, actions, 2)
+		require.Equal(t, "resume", actions[0].Action)
+		require.Equal(t, "bob", actions[0].By)
+		require.Equal(t, "pause", actions[1].Action)
+		require.Equal(t, "provider incident", actions[1].Reason)
+		tools, err := bundle.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Empty(t, tools, "a resumed tool without limits keeps no flow control")
+	})
+
+	t.Run("PauseTwiceKeepsTheFirst", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		_, err := bundle.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "alice", Reason: "first"})
+		require.NoError(t, err)
+		status, err := bundle.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "bob", Reason: "second"})
+		require.NoError(t, err)
+		require.Equal(t, "alice", status.PausedBy)
+		actions, err := bundle.client.ToolActions(t.Context(), "refund")
+		require.NoError(t, err)
+		require.Len(t, actions, 1)
+	})
+
+	t.Run("BadInputChangesNothing", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		for _, tt := range []struct {
+			name string
+			err  func() error
+		}{
+			{"NoTool", func() error {
+				_, err := bundle.client.Pause(t.Context(), "", outbox.PauseParams{By: "a", Reason: "b"})
+				return err
+			}},
+			{"NoReason", func() error {
+				_, err := bundle.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "a"})
+				return err
+			}},
+			{"NULInTool", func() error {
+				_, err := bundle.client.Resume(t.Context(), "re\x00fund", outbox.ResumeParams{By: "a"})
+				return err
+			}},
+			{"NegativeLimit", func() error {
+				_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: -1}, outbox.LimitParams{By: "a", Reason: "b"})
+				return err
+			}},
+			{"BurstWithoutRate", func() error {
+				_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{Burst: 3}, outbox.LimitParams{By: "a", Reason: "b"})
+				return err
+			}},
+		} {
+			require.ErrorIs(t, tt.err(), outbox.ErrInvalidParams, tt.name)
+		}
+		tools, err := bundle.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Empty(t, tools)
+	})
+}
+
+func mustDispatcher[TTx any](t *testing.T, client *outbox.Client[TTx]) *dispatcher.Dispatcher[TTx] {
+	t.Helper()
+	d, err := dispatcher.New(client, fastConfig())
+	require.NoError(t, err)
+	return d
+}
