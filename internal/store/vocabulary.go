@@ -9,13 +9,13 @@ import "fmt"
 type Delivery int
 
 const (
-	// DeliveryByKey: the provider deduplicates on the key (outbox's
+	// DeliveryByKey means the provider deduplicates on the key (outbox's
 	// IdempotentByKey).
 	DeliveryByKey Delivery = iota
-	// DeliveryByLookup: the provider can be asked whether the action
+	// DeliveryByLookup means the provider can be asked whether the action
 	// happened (outbox's LookupByNaturalID).
 	DeliveryByLookup
-	// DeliveryAtMostOnce: neither; an uncertain attempt goes to review.
+	// DeliveryAtMostOnce means neither: an uncertain attempt goes to review.
 	DeliveryAtMostOnce
 )
 
@@ -37,6 +37,7 @@ func (d Delivery) String() string {
 // StatePending and StateInFlight: a lease tells them apart.
 type State string
 
+// The states, as outbox documents them.
 const (
 	StatePending     State = "pending"
 	StateInFlight    State = "in_flight"
