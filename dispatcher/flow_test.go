@@ -227,9 +227,41 @@ func testFlowSlowDown[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		got, most := api.effects()
 		require.Equal(t, len(keys), got)
 		require.Equal(t, 1, most)
-		status, err := bundle.client.Tool(t.Context(), "refund")
+		// The slow-down ended and the tool has no limit or pause: the
+		// dispatchers' claims forget its row, and its keys are claimed by
+		// the plain claim again.
+		require.Eventually(t, func() bool {
+			statuses, err := bundle.client.Tools(t.Context())
+			return err == nil && len(statuses) == 0
+		}, time.Minute, 5*time.Millisecond, "the tool's control row outlived its slow-down")
+		more := bundle.submitAll(t, bundle.client, callsFrom("refund", 200, 20))
+		for _, key := range more {
+			awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		}
+	})
+
+	t.Run("ASlowDownThatEndedLeavesLimitsAndPausesAlone", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// Two slow-downs that ended a second ago.
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `INSERT INTO "`+bundle.schema+`".pgonce_tool (tool, not_before)
+			VALUES ('refund', now() - interval '1 second'), ('email', now() - interval '1 second')`)
 		require.NoError(t, err)
-		require.False(t, status.SlowedUntil.IsZero(), "the tool kept its not-before time")
+		_, err = bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: 5},
+			outbox.LimitParams{By: "test", Reason: "five at a time"})
+		require.NoError(t, err)
+		_, err = bundle.client.Pause(t.Context(), "email", outbox.PauseParams{By: "test", Reason: "incident"})
+		require.NoError(t, err)
+		d, err := dispatcher.New(bundle.client, dispatcher.Config{PollInterval: 20 * time.Millisecond})
+		require.NoError(t, err)
+		start(t, d)
+		key := submit(t, bundle.client, "refund", 1)
+		awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		statuses, err := bundle.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Len(t, statuses, 2)
+		require.Equal(t, 5, statuses[1].Limits.MaxInFlight)
+		require.True(t, statuses[0].Paused)
 	})
 }
 
