@@ -329,23 +329,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 func (d *Dispatcher[TTx]) attemptsOf(rows []*store.ClaimedKey, claimedAt time.Time) []attempt.Attempt {
 	attempts := make([]attempt.Attempt, 0, len(rows))
 	for _, row := range rows {
-		attempts = append(attempts, attempt.Attempt{
-			Tool: d.attempts.Tool(row.Tool),
-			Request: attempt.Request{
-				Key:       row.Key,
-				NaturalID: row.NaturalID,
-				Tool:      row.Tool,
-				Args:      row.Args,
-				Attempt:   row.Attempt,
-				Metadata:  row.Metadata,
-			},
-			Ambiguous:        row.Ambiguous,
-			FirstAttemptedAt: row.FirstAttemptedAt,
-			ClaimedNow:       row.Now,
-			ClaimedAt:        claimedAt,
-			MaxAttempts:      d.config.MaxAttempts,
-			Lease:            d.client.Config().Lease,
-		})
+		attempts = append(attempts, d.attempts.Claimed(row, claimedAt, d.config.MaxAttempts))
 	}
 	return attempts
 }
@@ -372,11 +356,14 @@ type pendingOutcome struct {
 }
 
 // record persists outcomes as they arrive, several in one statement when
-// several finished together.
+// several finished together. A large outcome ([attempt.Outcome.Large]) is
+// recorded alone, beside the batches, so that its bytes hold up no other
+// outcome; record returns once every outcome was recorded.
 func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 	const maxBatch = 256
+	var alone sync.WaitGroup
+	defer alone.Wait()
 	pending := make([]pendingOutcome, 0, maxBatch)
-	batch := make([]attempt.Outcome, 0, maxBatch)
 	for first := range outcomes {
 		pending = append(pending[:0], first)
 	drain:
@@ -391,28 +378,45 @@ func (d *Dispatcher[TTx]) record(outcomes <-chan pendingOutcome) {
 				break drain
 			}
 		}
-		batch = batch[:0]
+		small := pending[:0:0]
 		for _, p := range pending {
-			batch = append(batch, p.outcome)
-		}
-		// Record tries again after transient failures, within the leases,
-		// and logs what an operator must act on (review, failure) to the
-		// dispatcher's logger; retries are logged here, at debug.
-		began := time.Now()
-		written, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch)
-		if err != nil {
-			d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
-				"error", err, "outcomes", len(batch))
-		}
-		if obs := d.attempts.Observer(); obs != nil {
-			observeRecord(obs, began, pending, written, err)
-		}
-		for _, p := range pending {
-			close(p.recorded)
-			if o := p.outcome; o.Kind == attempt.Retry {
-				d.logger.Debug("pgonce: attempt failed, will retry",
-					"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
+			if p.outcome.Large() {
+				alone.Go(func() { d.recordBatch([]pendingOutcome{p}) })
+			} else {
+				small = append(small, p)
 			}
+		}
+		if len(small) > 0 {
+			d.recordBatch(small)
+		}
+	}
+}
+
+// recordBatch records the outcomes of pending in one call of
+// [attempt.Runner.Record].
+func (d *Dispatcher[TTx]) recordBatch(pending []pendingOutcome) {
+	batch := make([]attempt.Outcome, 0, len(pending))
+	for _, p := range pending {
+		batch = append(batch, p.outcome)
+	}
+	// Record tries again after transient failures, past the leases if need
+	// be (each outcome is fenced by its attempt), and logs what an operator
+	// must act on (review, failure, an outcome fenced out) to the
+	// dispatcher's logger; retries are logged here, at debug.
+	began := time.Now()
+	written, err := d.attempts.Record(attempt.WithLogger(context.Background(), d.logger), batch)
+	if err != nil {
+		d.logger.Error("pgonce: recording outcomes failed; their rows stay in flight for the reconciler",
+			"error", err, "outcomes", len(batch))
+	}
+	if obs := d.attempts.Observer(); obs != nil {
+		observeRecord(obs, began, pending, written, err)
+	}
+	for _, p := range pending {
+		close(p.recorded)
+		if o := p.outcome; o.Kind == attempt.Retry {
+			d.logger.Debug("pgonce: attempt failed, will retry",
+				"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "error", o.Err, "delay", o.RetryDelay)
 		}
 	}
 }

@@ -39,7 +39,10 @@
 // Outcomes that finish together are recorded in one statement, each fenced
 // by its attempt, so a worker whose lease was taken over changes nothing. A
 // record statement that fails transiently is tried again on another
-// connection for up to 10 seconds, never past the lease.
+// connection for up to 30 seconds, past the lease if need be: a write after
+// a takeover changes nothing, and an outcome fenced out so is logged at
+// warn. An outcome of 256 KiB or more is recorded alone, beside the
+// batches, under a lease it keeps extending.
 //
 // # Wake-ups and shutdown
 //

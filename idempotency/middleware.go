@@ -206,6 +206,9 @@ func New(db *sql.DB, client *outbox.Client[*sql.Tx], config Config) (*Middleware
 }
 
 func newMiddleware[TTx any](client *outbox.Client[TTx], config Config, tx txFuncs[TTx]) (*Middleware[TTx], error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: client must not be nil", ErrInvalidConfig)
+	}
 	config = config.withDefaults()
 	if err := config.validate(); err != nil {
 		return nil, err

@@ -36,8 +36,6 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
-
-	"github.com/pgonce/pgonce/internal/ident"
 )
 
 // FS holds the goose SQL migration files as written, each table name behind
@@ -67,14 +65,14 @@ var ErrInvalidSchema = errInvalidSchema()
 // files keep their names (00001_….sql, …) and goose annotations, so they can
 // be read by goose or copied into a goose directory.
 func Files(schema string) (fs.FS, error) {
-	if err := ident.ValidateSchema(schema); err != nil {
+	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
 	names, err := fs.Glob(FS, "*.sql")
 	if err != nil {
 		return nil, err
 	}
-	prefix := ident.Quote(schema) + "."
+	prefix := quoteIdent(schema) + "."
 	files := make(filledFS, len(names))
 	for _, name := range names {
 		body, err := FS.ReadFile(name)
@@ -155,12 +153,6 @@ func Status(ctx context.Context, db *sql.DB, schema string) ([]*goose.MigrationS
 	return status, nil
 }
 
-// ValidateSchema returns an error matching [ErrInvalidSchema] when name is
-// not a schema name pgonce accepts: a plain lower-case identifier (letters
-// a-z, digits, underscores, not starting with a digit), at most 48 bytes, and
-// not in the pg_ namespace.
-func ValidateSchema(name string) error { return ident.ValidateSchema(name) }
-
 // Version reads, without writing anything, the migration version applied to
 // schema (0 when the schema or its version table does not exist) and the
 // newest version embedded in this build. current < latest means [Up] has
@@ -231,7 +223,7 @@ func (s *schemaCreatingStore) CreateVersionTable(ctx context.Context, db databas
 	if _, err := db.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID(s.schema)); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident.Quote(s.schema)); err != nil {
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(s.schema)); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
 	return s.StoreExtender.CreateVersionTable(ctx, db)
@@ -248,7 +240,7 @@ func lockID(schema string) int64 {
 // lockedProvider is [NewProvider] under goose's session locker on the
 // schema's lock, so that concurrent calls for one schema run one at a time.
 func lockedProvider(db *sql.DB, schema string) (*goose.Provider, error) {
-	if err := ident.ValidateSchema(schema); err != nil {
+	if err := ValidateSchema(schema); err != nil {
 		return nil, err
 	}
 	locker, err := lock.NewPostgresSessionLocker(
@@ -260,7 +252,3 @@ func lockedProvider(db *sql.DB, schema string) (*goose.Provider, error) {
 	}
 	return NewProvider(db, schema, goose.WithSessionLocker(locker))
 }
-
-// errInvalidSchema is outbox's ErrInvalidSchema as well, shared by value; a
-// function keeps the internal package out of the public declaration.
-func errInvalidSchema() error { return ident.ErrInvalidSchema }

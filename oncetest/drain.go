@@ -109,7 +109,7 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 				}
 				return result, fmt.Errorf("%w: %d attempts", ErrDrainLimit, o.MaxCalls)
 			}
-			a := attemptOf(runner, config, row, claimedAt, o.MaxAttempts)
+			a := runner.Claimed(row, claimedAt, o.MaxAttempts)
 			out := runner.Run(ctx, a, o.BackoffFunc)
 			if _, err := runner.Record(ctx, []attempt.Outcome{out}); err != nil {
 				return result, fmt.Errorf("record outcome of %s: %w", row.Key, err)
@@ -183,10 +183,7 @@ func claim(ctx context.Context, runner *attempt.Runner, config outbox.Config, wo
 func release(ctx context.Context, runner *attempt.Runner, rows []*store.ClaimedKey) error {
 	outs := make([]attempt.Outcome, 0, len(rows))
 	for _, row := range rows {
-		out := runner.NewOutcome(attempt.Attempt{
-			Tool:    runner.Tool(row.Tool),
-			Request: attempt.Request{Key: row.Key, Attempt: row.Attempt},
-		})
+		out := runner.NewOutcome(runner.Claimed(row, time.Time{}, 0))
 		out.Kind, out.Ambiguous, out.Err = attempt.Retry, row.Ambiguous, errReleased
 		outs = append(outs, out)
 	}
@@ -198,25 +195,6 @@ func release(ctx context.Context, runner *attempt.Runner, rows []*store.ClaimedK
 
 // errReleased is the last error of a key released unrun.
 var errReleased = errors.New("oncetest: claimed but not run: Drain reached MaxCalls")
-
-func attemptOf(runner *attempt.Runner, config outbox.Config, row *store.ClaimedKey, claimedAt time.Time, maxAttempts int) attempt.Attempt {
-	return attempt.Attempt{
-		Tool: runner.Tool(row.Tool),
-		Request: attempt.Request{
-			Key:       row.Key,
-			NaturalID: row.NaturalID,
-			Tool:      row.Tool,
-			Args:      row.Args,
-			Attempt:   row.Attempt,
-		},
-		Ambiguous:        row.Ambiguous,
-		FirstAttemptedAt: row.FirstAttemptedAt,
-		ClaimedNow:       row.Now,
-		ClaimedAt:        claimedAt,
-		MaxAttempts:      maxAttempts,
-		Lease:            config.Lease,
-	}
-}
 
 func nowParam(config outbox.Config) *time.Time {
 	if config.NowFunc == nil {

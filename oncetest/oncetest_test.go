@@ -89,6 +89,31 @@ func testDrain[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 		require.Len(t, bundle.recorder.Calls(), 2)
 	})
 
+	t.Run("PassesTheCallsMetadataAsTheDispatcherDoes", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		var (
+			mu   sync.Mutex
+			seen []map[string]string
+		)
+		bundle.recorder.RespondFunc = func(_ context.Context, req outbox.Request) (json.RawMessage, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, req.Metadata)
+			return json.RawMessage(oncetest.RecorderResponseDefault), nil
+		}
+		call := refund("run-a", 1)
+		call.Metadata = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "acme"}
+		d.SubmitKeys(t, bundle.client, []outbox.Call{call})
+
+		res, err := oncetest.Drain(t.Context(), bundle.client, nil)
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Succeeded)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []map[string]string{call.Metadata}, seen)
+	})
+
 	t.Run("RunsCallsThatProvidersSubmit", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t)

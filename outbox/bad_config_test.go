@@ -9,7 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/idempotency"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
+	"github.com/pgonce/pgonce/migrations"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
 )
@@ -47,6 +49,40 @@ func TestBadConfig(t *testing.T) {
 				require.ErrorIs(t, err, tt.want)
 			})
 		}
+	})
+
+	t.Run("NilPool", func(t *testing.T) {
+		t.Parallel()
+		for _, config := range []outbox.Config{{}, {Pooling: outbox.PoolingTransaction}} {
+			client, err := outbox.NewPgx(nil, config)
+			require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+			require.ErrorContains(t, err, "pool must not be nil")
+			require.Nil(t, client)
+		}
+	})
+
+	t.Run("NilDB", func(t *testing.T) {
+		t.Parallel()
+		client, err := outbox.New(nil, outbox.Config{})
+		require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+		require.ErrorContains(t, err, "db must not be nil")
+		require.Nil(t, client)
+	})
+
+	t.Run("NilDBInMigrations", func(t *testing.T) {
+		t.Parallel()
+		require.Error(t, migrations.Up(t.Context(), nil, "pgonce"))
+		_, err := migrations.NewProvider(nil, "pgonce")
+		require.Error(t, err)
+	})
+
+	t.Run("NilClientInIdempotency", func(t *testing.T) {
+		t.Parallel()
+		config := idempotency.Config{Tool: "refund", Mode: idempotency.ModeLease}
+		_, err := idempotency.NewPgx(pgoncetest.Pool(t), nil, config)
+		require.ErrorIs(t, err, idempotency.ErrInvalidConfig)
+		_, err = idempotency.New(pgoncetest.DB(t), nil, config)
+		require.ErrorIs(t, err, idempotency.ErrInvalidConfig)
 	})
 
 	t.Run("Dispatcher", func(t *testing.T) {

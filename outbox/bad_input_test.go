@@ -348,3 +348,69 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
+
+// lookingUpProvider is a countingProvider that can also be asked whether
+// an action happened.
+type lookingUpProvider struct{ countingProvider }
+
+func (p *lookingUpProvider) Lookup(context.Context, outbox.Request) (json.RawMessage, bool, error) {
+	return nil, false, nil
+}
+
+// TestLookupToolRefusesCallWithoutNaturalID: a tool registered
+// LookupByNaturalID settles an uncertain attempt by its natural id, so a
+// call without one is refused before anything is written.
+func TestLookupToolRefusesCallWithoutNaturalID(t *testing.T) {
+	t.Parallel()
+	eachHarness(t, testLookupToolRefusesCallWithoutNaturalID[pgx.Tx], testLookupToolRefusesCallWithoutNaturalID[*sql.Tx])
+}
+
+func testLookupToolRefusesCallWithoutNaturalID[TTx any](t *testing.T, h driverHarness[TTx]) {
+	t.Helper()
+	schema := pgoncetest.Schema(t)
+	provider := &lookingUpProvider{countingProvider{response: json.RawMessage(`{"transfer_id":"tr_1"}`)}}
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("transfer", provider, outbox.LookupByNaturalID))
+	client := h.newClient(t, outbox.Config{Schema: schema, Registry: registry})
+	call := outbox.Call{RunID: "run-no-natural-id", Step: 1, Tool: "transfer", Args: map[string]any{"amount": 10}}
+
+	for _, entry := range []struct {
+		name string
+		run  func(ctx context.Context, tx TTx) error
+	}{
+		{"Submit", func(ctx context.Context, _ TTx) error {
+			_, err := client.Submit(ctx, call)
+			return err
+		}},
+		{"SubmitTx", func(ctx context.Context, tx TTx) error {
+			_, err := client.SubmitTx(ctx, tx, call)
+			return err
+		}},
+		{"Do", func(ctx context.Context, _ TTx) error {
+			_, err := client.Do(ctx, call, nil)
+			return err
+		}},
+	} {
+		t.Run(entry.name, func(t *testing.T) {
+			before := tableHashes(t, schema)
+			tx := h.begin(t, nil)
+			err := entry.run(t.Context(), tx)
+			require.ErrorIs(t, err, outbox.ErrInvalidCall)
+			var invalid *outbox.InvalidCallError
+			require.ErrorAs(t, err, &invalid)
+			require.Equal(t, "NaturalID", invalid.Field)
+			// The caller's transaction is untouched, and nothing was
+			// written or called.
+			require.NoError(t, h.exec(tx, "SELECT 1"))
+			require.NoError(t, h.commit(tx))
+			require.Equal(t, before, tableHashes(t, schema), "a refused call changed a table")
+			require.Zero(t, provider.calls.Load())
+		})
+	}
+
+	// With a natural id, the same call is accepted.
+	call.NaturalID = "tr-run-no-natural-id"
+	res, err := client.Submit(t.Context(), call)
+	require.NoError(t, err)
+	require.True(t, res.Created)
+}

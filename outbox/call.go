@@ -59,6 +59,8 @@ type Call struct {
 	// deduplicate on our key but can be asked whether an action with this id
 	// happened. It is passed to the provider and does not affect the key. At
 	// most [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
+	// Required for a tool registered [LookupByNaturalID]: without it, a
+	// submit returns [ErrInvalidCall].
 	NaturalID string
 
 	// Metadata is data that travels with the call but is not part of the

@@ -40,8 +40,12 @@ type Client[TTx any] struct {
 // github.com/jackc/pgx/v5/stdlib, or stdlib.OpenDBFromPool). Its
 // [Client.SubmitTx] takes the caller's *sql.Tx. The schema must already be
 // migrated (see the migrations package); New itself runs no statement, so
-// call [Client.CheckSchema] at start-up to fail fast.
+// call [Client.CheckSchema] at start-up to fail fast. A nil db returns an
+// error matching [ErrInvalidConfig].
 func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: db must not be nil", ErrInvalidConfig)
+	}
 	return newClient(config, func(schema string) (store.Driver[*sql.Tx], error) {
 		return store.NewStdDriver(db, schema)
 	})
@@ -56,8 +60,12 @@ func New(db *sql.DB, config Config) (*Client[*sql.Tx], error) {
 // its connection config's DefaultQueryExecMode must be
 // pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol
 // (default_query_exec_mode=exec in the URL), or NewPgx returns an error
-// matching [ErrTransactionPooling].
+// matching [ErrTransactionPooling]. A nil pool returns an error matching
+// [ErrInvalidConfig].
 func NewPgx(pool *pgxpool.Pool, config Config) (*Client[pgx.Tx], error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool must not be nil", ErrInvalidConfig)
+	}
 	if config.Pooling == PoolingTransaction {
 		if err := checkExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
 			return nil, err
@@ -231,6 +239,14 @@ func (c *Client[TTx]) prepare(call Call) (submission, error) {
 	if tool == nil {
 		return submission{}, fmt.Errorf("%w: %q is not registered", ErrUnknownTool, call.Tool)
 	}
+	if tool.Delivery == LookupByNaturalID && call.NaturalID == "" {
+		// Without a natural id, an uncertain attempt could not be looked up,
+		// and the key would go to review however the provider answers.
+		return submission{}, &InvalidCallError{
+			Field:  "NaturalID",
+			Reason: fmt.Sprintf("is required for tool %s, registered LookupByNaturalID", quoteShort(call.Tool)),
+		}
+	}
 	return submission{derivation: d, tool: tool, metadata: metadata}, nil
 }
 
@@ -240,31 +256,8 @@ func (c *Client[TTx]) prepare(call Call) (submission, error) {
 // retention are stored with the key, for the reconciler.
 func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submission, call Call, inFlight bool) (Result, *store.InsertedKey, error) {
 	d := sub.derivation
-	params := &store.NewKey{
-		Key:         string(d.Key),
-		Scope:       d.Scope,
-		Tenant:      call.Tenant,
-		RunID:       call.RunID,
-		Step:        call.Step,
-		BusinessKey: call.Key,
-		Tool:        call.Tool,
-		NaturalID:   call.NaturalID,
-		Fingerprint: storedFingerprint(call, d),
-		Args:        d.Args,
-		Metadata:    sub.metadata,
-		Now:         c.nowParam(),
-	}
-	if sub.tool != nil {
-		params.Delivery = storedDelivery(sub.tool.Delivery)
-		params.KeyRetention = sub.tool.Opts.KeyRetention
-	}
-	if !call.NotBefore.IsZero() {
-		params.NotBefore = ptr(call.NotBefore)
-	}
-	params.Delay = call.Delay
-	if call.Key != "" {
-		params.RunID, params.Step = "", 0
-	}
+	params := c.newKey(sub, call)
+	params.Now = c.nowParam()
 	var notifyWindow *notifyWindow
 	if inFlight && !call.scheduled() {
 		params.Lease = c.config.Lease
@@ -304,21 +297,8 @@ func (c *Client[TTx]) claim(ctx context.Context, exec store.Executor, sub submis
 		}
 		existing, err := exec.KeyGetByKeyOrScope(ctx, string(d.Key), d.Scope, c.nowParam())
 		if err == nil {
-			if existing.State == dbStateExpired {
-				// The action, or another one in its scope, already ran: the
-				// tombstone's Result comes with the error, as Get's does.
-				return c.resultFromRow(existing, false), nil, &ExpiredError{Key: Key(existing.Key), CompletedAt: derefTime(existing.CompletedAt)}
-			}
-			if existing.Key != string(d.Key) || existing.Fingerprint != storedFingerprint(call, d) {
-				return Result{}, nil, &KeyConflictError{
-					Key:                 d.Key,
-					ExistingKey:         Key(existing.Key),
-					Fingerprint:         d.Fingerprint,
-					ExistingFingerprint: existing.Fingerprint,
-					ExistingTool:        existing.Tool,
-				}
-			}
-			return c.resultFromRow(existing, false), nil, nil
+			res, err := c.answerExisting(existing, sub, call)
+			return res, nil, err
 		}
 		if !errors.Is(err, store.ErrNoRows) {
 			return Result{}, nil, fmt.Errorf("read existing key: %w", err)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/migrations"
 )
 
 // Pooling says how the connections of a client's pool reach PostgreSQL,
@@ -53,7 +53,11 @@ const (
 	// CallTimeoutDefault is the default deadline of one provider call.
 	CallTimeoutDefault = 30 * time.Second
 	// LeaseMarginMin is how much longer than the call timeout a lease must
-	// last: the time to persist an outcome after the provider returns.
+	// last: the time to persist an outcome after the provider returns. An
+	// outcome of 256 KiB or more, which may take longer to send, extends its
+	// lease before it is recorded, and recording retries past the lease
+	// (each outcome is fenced by its attempt), so the margin need only cover
+	// small outcomes.
 	LeaseMarginMin = time.Second
 	// RetentionDefault is how long a finished key keeps its response.
 	RetentionDefault = 30 * 24 * time.Hour
@@ -227,7 +231,7 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := ident.ValidateSchema(c.Schema); err != nil {
+	if err := migrations.ValidateSchema(c.Schema); err != nil {
 		return err
 	}
 	switch {

@@ -50,8 +50,8 @@ import (
 //
 // The claim runs under [Config.StatementTimeout]; recording the outcome is
 // tried again after a transient failure, such as a killed connection, for up
-// to 10s and never past the lease; the attempt fences the write, so a retry
-// never writes twice. If the process dies between the claim and
+// to 30s, past the lease if need be; the attempt fences the write, so a
+// retry never writes twice, nor after the reconciler took the key over. If the process dies between the claim and
 // the record, the key stays in flight until its lease expires and the
 // reconciler resolves it.
 func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, error) {

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/store"
+	"github.com/pgonce/pgonce/migrations"
 )
 
 // ErrKeyConflict is returned by [Client.SubmitTx], [Client.Submit] and
@@ -40,7 +40,8 @@ var ErrUnknownTool = errors.New("unknown tool")
 // cannot be registered.
 var ErrInvalidRegistration = errors.New("invalid tool registration")
 
-// ErrInvalidConfig is returned by [New] and [NewPgx] for an invalid [Config].
+// ErrInvalidConfig is returned by [New] and [NewPgx] for an invalid [Config],
+// and for a nil db or pool.
 var ErrInvalidConfig = errors.New("invalid config")
 
 // ErrInvalidSchema is returned by [New] and [NewPgx] for a schema name that is
@@ -163,7 +164,7 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 // Functions, as io/fs's errInvalid and its siblings are, keep the internal
 // packages out of the public declarations.
 
-func errInvalidSchema() error { return ident.ErrInvalidSchema }
+func errInvalidSchema() error { return migrations.ErrInvalidSchema }
 func errNotPgxStdlib() error  { return store.ErrNotPgxStdlib }
 func errSerialization() error { return store.ErrSerialization }
 func errTimeout() error       { return store.ErrTimeout }

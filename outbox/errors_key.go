@@ -20,7 +20,9 @@ var ErrNotCanonical = errors.New("not canonical")
 // tool name, a missing run id, a negative step, or a string field that is
 // oversized, not valid UTF-8 or holds a NUL byte. [Client.SubmitTx],
 // [Client.Submit] and [Client.Do] return it before any SQL runs, so the
-// caller's transaction is untouched. Match it with [errors.Is].
+// caller's transaction is untouched. They also return it for a call
+// without a NaturalID to a tool registered [LookupByNaturalID]. Match it
+// with [errors.Is].
 var ErrInvalidCall = errors.New("invalid call")
 
 // ErrInvalidKey is returned by [ParseKey] when a string is not a well-formed

@@ -44,23 +44,46 @@ func trueKeyCounts(t *testing.T, ctx context.Context, schema string) map[string]
 	return counts
 }
 
-// trueOldestPending reads, per tool with a pending key, how long its
-// oldest due pending key has waited, by the database's clock.
-func trueOldestPending(t *testing.T, ctx context.Context, schema string) map[string]time.Duration {
+// trueOldestPending reads, per tool with a pending key, when its oldest due
+// pending key became due, by the database's clock; the zero time when none
+// of its pending keys is due.
+func trueOldestPending(t *testing.T, ctx context.Context, schema string) map[string]time.Time {
 	t.Helper()
 	rows, err := pgoncetest.Pool(t).Query(ctx, `
-		SELECT tool, coalesce((extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now())) * 1000)::bigint, 0)
+		SELECT tool, min(available_at) FILTER (WHERE available_at <= now())
 		FROM `+ident.Quote(schema)+`.pgonce_key WHERE state = 'open' AND lease_until IS NULL GROUP BY 1`)
 	require.NoError(t, err)
-	oldest := map[string]time.Duration{}
+	oldest := map[string]time.Time{}
 	for rows.Next() {
 		var tool string
-		var ms int64
-		require.NoError(t, rows.Scan(&tool, &ms))
-		oldest[tool] = time.Duration(ms) * time.Millisecond
+		var at *time.Time
+		require.NoError(t, rows.Scan(&tool, &at))
+		oldest[tool] = time.Time{}
+		if at != nil {
+			oldest[tool] = *at
+		}
 	}
 	require.NoError(t, rows.Err())
 	return oldest
+}
+
+// databaseClock reads the database's clock now.
+func databaseClock(t *testing.T, ctx context.Context) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, pgoncetest.Pool(t).QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now))
+	return now
+}
+
+// requireWaitedSince requires that age is how long ago since was at some
+// instant of the database's clock between before and after (read around
+// the statement that measured age), give or take the millisecond the
+// statement rounds to. Bounds, not a tolerance: a statement delayed by a
+// loaded machine still measures within them.
+func requireWaitedSince(t *testing.T, age time.Duration, since, before, after time.Time, msgAndArgs ...any) {
+	t.Helper()
+	require.GreaterOrEqual(t, age, before.Sub(since)-time.Millisecond, msgAndArgs...)
+	require.LessOrEqual(t, age, after.Sub(since)+time.Millisecond, msgAndArgs...)
 }
 
 func TestStatsEveryState(t *testing.T) {
@@ -85,8 +108,9 @@ func testStatsEveryState[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		// Pending: three refunds, the oldest due an hour ago; two emails,
 		// neither due yet.
 		pending := b.driver.SubmitKeys(t, b.client, []outbox.Call{refund(1), refund(2), refund(3)})
-		_, err := pool.Exec(ctx, `UPDATE `+quoted+`.pgonce_key SET available_at = now() - interval '1 hour' WHERE key = $1`,
-			pgoncetest.StoredKey(t, string(pending[0])))
+		var dueSince time.Time
+		err := pool.QueryRow(ctx, `UPDATE `+quoted+`.pgonce_key SET available_at = now() - interval '1 hour' WHERE key = $1
+			RETURNING available_at`, pgoncetest.StoredKey(t, string(pending[0]))).Scan(&dueSince)
 		require.NoError(t, err)
 		for step := int64(20); step < 22; step++ {
 			call := email(step)
@@ -124,8 +148,10 @@ func testStatsEveryState[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		_, err = b.client.Cancel(ctx, toCancel.Key, cancelBy)
 		require.NoError(t, err)
 
+		before := databaseClock(t, ctx)
 		stats, err := b.client.Stats(ctx)
 		require.NoError(t, err)
+		after := databaseClock(t, ctx)
 		require.Equal(t, map[string]map[outbox.State]int64{
 			"refund": {
 				outbox.StatePending: 3, outbox.StateInFlight: 2, outbox.StateSucceeded: 2, outbox.StateFailed: 1,
@@ -145,8 +171,8 @@ func testStatsEveryState[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Len(t, stats.OldestPendingByTool, 2)
 		require.Zero(t, stats.OldestPendingByTool["email"], "no email is due yet")
 		require.GreaterOrEqual(t, stats.OldestPendingByTool["refund"], time.Hour)
-		require.Less(t, stats.OldestPendingByTool["refund"], time.Hour+time.Minute)
-		require.InDelta(t, stats.OldestPending, stats.OldestPendingByTool["refund"], float64(time.Second))
+		requireWaitedSince(t, stats.OldestPendingByTool["refund"], dueSince, before, after, "oldest pending refund")
+		requireWaitedSince(t, stats.OldestPending, dueSince, before, after, "oldest pending key")
 	})
 }
 
@@ -206,8 +232,10 @@ func TestStatsPlanAtOneMillionKeys(t *testing.T) {
 	check := func(t *testing.T, traced *pgxpool.Pool, tracer *statsTracer, statsFunc func() (outbox.Stats, error)) {
 		t.Helper()
 		tracer.reset()
+		before := databaseClock(t, ctx)
 		stats, err := statsFunc()
 		require.NoError(t, err)
+		after := databaseClock(t, ctx)
 		ran := tracer.reset()
 
 		require.Equal(t, []outbox.State{outbox.StateSucceeded, outbox.StateExpired}, stats.Estimated)
@@ -230,8 +258,12 @@ func TestStatsPlanAtOneMillionKeys(t *testing.T) {
 		require.Equal(t, truth["email"][outbox.StateNeedsReview]+truth["refund"][outbox.StateNeedsReview]+
 			truth["sms"][outbox.StateNeedsReview], stats.NeedsReview)
 		require.Len(t, stats.OldestPendingByTool, len(oldest))
-		for tool, want := range oldest {
-			require.InDelta(t, want, stats.OldestPendingByTool[tool], float64(time.Minute), tool)
+		for tool, dueSince := range oldest {
+			if dueSince.IsZero() {
+				require.Zero(t, stats.OldestPendingByTool[tool], tool)
+				continue
+			}
+			requireWaitedSince(t, stats.OldestPendingByTool[tool], dueSince, before, after, tool)
 		}
 
 		require.NotContains(t, ran, "KeyCountByToolAndState", "a large table is never counted whole")

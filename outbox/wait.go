@@ -44,7 +44,8 @@ const (
 // deadline, a restarting server, too many connections; see docs/concepts.md,
 // "Waiting for a result") is retried with
 // the same backoff: Wait keeps waiting through it. A definitive answer
-// returns at once: [ErrNotFound] for a key never submitted, [ErrExpired] for
+// returns at once: [ErrNotFound] for a key never submitted or whose submit
+// has not committed yet (the error says so), [ErrExpired] for
 // a pruned one, [ErrInvalidKey] for a malformed key, and any other error that
 // retrying cannot cure, such as a schema that is not migrated.
 //
@@ -76,7 +77,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	case err != nil && ctx.Err() != nil:
 		return res, ctx.Err()
 	case err != nil && !store.IsTransient(err):
-		return res, err
+		return res, waitNotFound(err)
 	case err != nil:
 		lastErr = err
 	}
@@ -113,7 +114,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 			// The read failed because ctx is done, not the other way round.
 			return res, waitDone(ctx, res, key, lastErr)
 		case !store.IsTransient(err):
-			return next, err
+			return next, waitNotFound(err)
 		default:
 			lastErr = err
 			c.config.Logger.DebugContext(ctx, "pgonce: wait could not read its key; retrying",
@@ -121,6 +122,16 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 		}
 		timer.Reset(poll)
 	}
+}
+
+// waitNotFound adds to err, when it is [ErrNotFound], its likeliest cause
+// in a wait: the key's submit has not committed yet.
+func waitNotFound(err error) error {
+	if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return fmt.Errorf("%w (no committed submit holds it: a wait sees a key only once the transaction "+
+		"that submitted it has committed, so wait after the commit, not inside the transaction)", err)
 }
 
 // waitDone is the error of a [Client.Wait] whose ctx is done: ctx's error,

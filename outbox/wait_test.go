@@ -105,7 +105,10 @@ func TestWaitSurvivesKilledConnections(t *testing.T) {
 			require.NoError(t, err)
 
 			pool, tag := taggedPool(t)
-			wait := tt.newClient(t, pool, config)
+			logger, logs := pgoncetest.CaptureLogs()
+			waitConfig := config
+			waitConfig.Logger = logger
+			wait := tt.newClient(t, pool, waitConfig)
 
 			killCtx, stopKilling := context.WithCancel(context.WithoutCancel(t.Context()))
 			defer stopKilling()
@@ -124,24 +127,31 @@ func TestWaitSurvivesKilledConnections(t *testing.T) {
 				result <- waited{res, err}
 			}()
 
-			// Let the wait lose several connections before the key
-			// completes, and keep killing until it returns.
-			for killed.Load() < 8 {
+			// The wait loses several connections, and reads through
+			// some that died under it, before the key completes: it must
+			// keep waiting through every one.
+			retried := func(r pgoncetest.LogRecord) bool {
+				return r.Message == "pgonce: wait could not read its key; retrying"
+			}
+			for killed.Load() < 8 || len(logs.Matching(retried)) == 0 {
 				select {
 				case got := <-result:
 					t.Fatalf("wait returned before the key completed, after %d killed connections: %+v, %v", killed.Load(), got.res, got.err)
 				case <-waitCtx.Done():
-					t.Fatalf("only %d connections killed", killed.Load())
+					t.Fatalf("only %d connections killed, %d failed reads", killed.Load(), len(logs.Matching(retried)))
 				case <-time.After(time.Millisecond):
 				}
 			}
+			// The killing stops once the key completes: a killer faster
+			// than a connection can be made would leave no read a chance,
+			// and the wait nothing to see.
 			done, err := other.Do(t.Context(), refundCall("run-killed"), nil)
 			require.NoError(t, err)
 			require.Equal(t, outbox.StateSucceeded, done.State)
-
-			got := <-result
 			stopKilling()
 			<-killerDone
+
+			got := <-result
 			require.NoError(t, got.err)
 			require.Equal(t, outbox.StateSucceeded, got.res.State)
 			require.Equal(t, []byte(done.Response), []byte(got.res.Response))
@@ -317,4 +327,37 @@ func TestWaitThroughATransactionPoolerPolls(t *testing.T) {
 			require.Equal(t, []byte(done.Response), []byte(got.res.Response))
 		})
 	}
+}
+
+// TestWaitBeforeTheSubmitCommits: a wait for a key whose submit has not
+// committed finds nothing, and says that the likeliest cause is waiting
+// before the commit.
+func TestWaitBeforeTheSubmitCommits(t *testing.T) {
+	t.Parallel()
+	eachHarness(t, testWaitBeforeTheSubmitCommits[pgx.Tx], testWaitBeforeTheSubmitCommits[*sql.Tx])
+}
+
+func testWaitBeforeTheSubmitCommits[TTx any](t *testing.T, h driverHarness[TTx]) {
+	t.Helper()
+	schema := pgoncetest.Schema(t)
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", &countingProvider{response: json.RawMessage(`{}`)}, outbox.IdempotentByKey))
+	client := h.newClient(t, outbox.Config{Schema: schema, Registry: registry})
+
+	tx := h.begin(t, nil)
+	res, err := client.SubmitTx(t.Context(), tx, refundCall("run-uncommitted"))
+	require.NoError(t, err)
+	require.True(t, res.Created)
+
+	_, err = client.Wait(t.Context(), res.Key)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorContains(t, err, "only once the transaction that submitted it has committed")
+	_, err = client.WaitResult(t.Context(), res)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
+	require.ErrorContains(t, err, "wait after the commit")
+
+	require.NoError(t, h.commit(tx))
+	got, err := client.Get(t.Context(), res.Key)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, got.State)
 }

@@ -477,3 +477,22 @@ JOIN given ON pgonce_key.key = given.key
     AND pgonce_key.attempt = given.attempt
 WHERE pgonce_key.lease_until IS NULL
 ORDER BY pgonce_key.key;
+
+-- name: OutboxExtendLease :one
+-- OutboxExtendLease extends the lease of a key still held by the given
+-- attempt to lease from now, never shortening it, and returns the new end;
+-- no row when the attempt no longer holds the key (the fence of
+-- OutboxFinish). A worker extends its lease before it records an outcome
+-- whose bytes take long to send, so that the reconciler does not take the
+-- key over while they are on their way.
+UPDATE /* TEMPLATE: schema */pgonce_key
+SET
+    lease_until = greatest(
+        pgonce_key.lease_until,
+        coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('lease_ms')::bigint * interval '1 millisecond'
+    )
+WHERE pgonce_key.key = @key::bytea
+    AND pgonce_key.attempt = CASE
+        WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN @attempt::integer
+    END
+RETURNING pgonce_key.lease_until::timestamptz AS lease_until;

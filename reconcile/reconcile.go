@@ -200,6 +200,17 @@ func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
 	return report, err
 }
 
+// now is the client's clock as a statement parameter: nil, the database's
+// clock, unless the client's Config.NowFunc is set, which leases then
+// follow (as the client's and the dispatcher's statements do).
+func (r *Reconciler[TTx]) now() *time.Time {
+	if r.client.Config().NowFunc == nil {
+		return nil
+	}
+	now := r.client.Now()
+	return &now
+}
+
 func (r *Reconciler[TTx]) runOnce(ctx context.Context) (Report, error) {
 	report := newReport()
 	tools := r.registry.Names()
@@ -214,6 +225,7 @@ func (r *Reconciler[TTx]) runOnce(ctx context.Context) (Report, error) {
 				Max:    r.config.BatchSize,
 				Lease:  r.client.Config().Lease,
 				Worker: r.workerID,
+				Now:    r.now(),
 			})
 			return err
 		})
@@ -259,7 +271,7 @@ func (r *Reconciler[TTx]) runOnce(ctx context.Context) (Report, error) {
 	}
 
 	err := r.statement(ctx, func(ctx context.Context) error {
-		skipped, err := r.store.CountExpired(ctx, &store.CountExpiredParams{Grace: r.config.Grace, Tools: tools})
+		skipped, err := r.store.CountExpired(ctx, &store.CountExpiredParams{Grace: r.config.Grace, Tools: tools, Now: r.now()})
 		if err != nil {
 			return fmt.Errorf("count skipped rows: %w", err)
 		}
@@ -272,7 +284,7 @@ func (r *Reconciler[TTx]) runOnce(ctx context.Context) (Report, error) {
 		return report, err
 	}
 	err = r.statement(ctx, func(ctx context.Context) error {
-		stale, err := r.store.CountStalePending(ctx, r.config.StalePending, nil)
+		stale, err := r.store.CountStalePending(ctx, r.config.StalePending, r.now())
 		if err != nil {
 			return fmt.Errorf("count stale pending rows: %w", err)
 		}
@@ -325,24 +337,10 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 	tool := *registered
 	tool.Delivery = storedDelivery(row.Delivery)
 	tool.KeyRetention = row.KeyRetention
-	a := attempt.Attempt{
-		Tool: &tool,
-		Request: attempt.Request{
-			Key:       row.Key,
-			NaturalID: row.NaturalID,
-			Tool:      row.Tool,
-			Args:      row.Args,
-			Attempt:   row.Attempt,
-			Metadata:  row.Metadata,
-		},
-		Ambiguous:        true,
-		FirstAttemptedAt: row.FirstAttemptedAt,
-		ClaimedNow:       row.Now,
-		ClaimedAt:        claimedAt,
-		// Recording is tried again after transient failures, but never past
-		// the reconciler's own lease.
-		Lease: r.client.Config().Lease,
-	}
+	// Recording is tried again after transient failures, but never past
+	// the reconciler's own lease.
+	a := r.attempts.Claimed(row, claimedAt, 0)
+	a.Tool, a.Ambiguous = &tool, true
 	out := r.attempts.NewOutcome(a)
 	out.Kind, out.Ambiguous = attempt.Retry, true
 	out.Err = errors.New("lease expired: the attempt's outcome is unknown")

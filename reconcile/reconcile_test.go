@@ -275,6 +275,35 @@ func (b *barrierLookup) Lookup(ctx context.Context, req outbox.Request) (json.Ra
 	}
 }
 
+// TestRunOnceFollowsTheClientsClock: with Config.NowFunc set, leases follow
+// the client's clock, the reconciler's included: a lease that has expired
+// by that clock, and not by the database's, is resolved.
+func TestRunOnceFollowsTheClientsClock(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testRunOnceFollowsTheClientsClock[pgx.Tx], testRunOnceFollowsTheClientsClock[*sql.Tx])
+}
+
+func testRunOnceFollowsTheClientsClock[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
+	// Abandoned under a lease that ends in an hour, by the database's clock.
+	keyed := crashedOne(t, bundle, "refund", 1, -time.Hour)
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", bundle.payments, outbox.IdempotentByKey))
+	ahead := driver.Client(t, outbox.Config{
+		Schema: bundle.schema, Registry: registry,
+		NowFunc: func() time.Time { return time.Now().Add(2 * time.Hour) },
+	})
+
+	r, err := reconcile.New(ahead, reconcile.Config{})
+	require.NoError(t, err)
+	report, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"refund": 1}, report.Examined)
+	require.Equal(t, 1, report.Resolved["refund"][reconcile.OutcomeRequeued])
+	require.Equal(t, outbox.StatePending, state(t, bundle, keyed))
+}
+
 func TestRunOnceLooksUpABatchAtOnce(t *testing.T) {
 	t.Parallel()
 	drivertest.All(t, testRunOnceLooksUpABatchAtOnce[pgx.Tx], testRunOnceLooksUpABatchAtOnce[*sql.Tx])

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/migrations"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -54,7 +55,7 @@ func riverDefaultConfig() *river.Config {
 }
 
 // runDrain drains a backlog of the settings' drainCalls with each of the
-// four variants, in the round's order.
+// variants, in the round's order.
 func (env *environment) runDrain(ctx context.Context, round int, forward bool) ([]result, error) {
 	type variant struct {
 		name string
@@ -66,6 +67,18 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 		}},
 		{drainPgonceDefault, func(ctx context.Context, id string) (span, error) {
 			return env.drainPgonce(ctx, id, dispatcher.Config{})
+		}},
+		{drainPgonceFreshAnalyzed, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonceFresh(ctx, id, true, false)
+		}},
+		{drainPgonceFreshUnanalyzed, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonceFresh(ctx, id, false, false)
+		}},
+		{drainPgonceHashAnalyzed, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonceFresh(ctx, id, true, true)
+		}},
+		{drainPgonceHashUnanalyzed, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonceFresh(ctx, id, false, true)
 		}},
 		{drainRiverTuned, func(ctx context.Context, id string) (span, error) {
 			return env.drainRiver(ctx, id, riverTunedConfig())
@@ -93,14 +106,22 @@ func (env *environment) drainPgonce(ctx context.Context, runID string, config di
 	if err := env.truncate(ctx, table); err != nil {
 		return span{}, err
 	}
-	if err := env.fillPgonce(ctx, runID, env.s.drainCalls); err != nil {
+	return env.drainPgonceIn(ctx, env.pgoncePgx, table, runID, config, true)
+}
+
+// drainPgonceIn fills client's empty table with drainCalls calls, analyzes
+// it when analyze is set, and times one dispatcher with config draining it.
+func (env *environment) drainPgonceIn(ctx context.Context, client *outbox.Client[pgx.Tx], table, runID string, config dispatcher.Config, analyze bool) (span, error) {
+	if err := env.fillPgonce(ctx, client, runID, env.s.drainCalls); err != nil {
 		return span{}, err
 	}
-	if err := env.analyze(ctx, table); err != nil {
-		return span{}, err
+	if analyze {
+		if err := env.analyze(ctx, table); err != nil {
+			return span{}, err
+		}
 	}
 	reached := env.pgonceCounter.expect(env.s.drainCalls, nil)
-	d, err := dispatcher.New(env.pgoncePgx, config)
+	d, err := dispatcher.New(client, config)
 	if err != nil {
 		return span{}, fmt.Errorf("dispatcher: %w", err)
 	}
@@ -113,7 +134,7 @@ func (env *environment) drainPgonce(ctx context.Context, runID string, config di
 	go func() { done <- d.Run(runCtx) }()
 	err = env.await(ctx, reached, "the provider calls")
 	if err == nil {
-		err = env.awaitPgonceEmpty(ctx)
+		err = env.awaitPgonceEmptyIn(ctx, table)
 	}
 	measured := env.stopTiming(ctx, timing)
 
@@ -124,9 +145,41 @@ func (env *environment) drainPgonce(ctx context.Context, runID string, config di
 	return measured, err
 }
 
-// fillPgonce submits n calls of runID through the pgx client's SubmitTx,
+// drainPgonceFresh is the tuned drain in a schema migrated for it alone,
+// whose key table autovacuum never analyzes: the table of a service that
+// filled it faster than autovacuum looked. With analyze it is analyzed
+// after the fill, as drainPgonce's is. With hashKey the key's index is the
+// hash index it had before migration 00006 instead of the primary key,
+// so that one run compares the two.
+func (env *environment) drainPgonceFresh(ctx context.Context, runID string, analyze, hashKey bool) (span, error) {
+	schema := env.schemaPgonce + "_fresh"
+	table := quote(schema) + ".pgonce_key"
+	if err := migrations.Up(ctx, env.db, schema); err != nil {
+		return span{}, fmt.Errorf("migrate fresh schema: %w", err)
+	}
+	defer func() { _, _ = env.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+quote(schema)+" CASCADE") }()
+	setup := "ALTER TABLE " + table + " SET (autovacuum_enabled = false)"
+	if hashKey {
+		setup += "; ALTER TABLE " + table + " DROP CONSTRAINT pgonce_key_pkey" +
+			"; CREATE INDEX pgonce_key_key_idx ON " + table + " USING hash (key)"
+	}
+	if _, err := env.pool.Exec(ctx, setup); err != nil {
+		return span{}, fmt.Errorf("fresh schema: %w", err)
+	}
+	registry := outbox.NewRegistry()
+	if err := registry.Register(compareTool, outbox.ProviderFunc(env.pgonceCounter.call), outbox.IdempotentByKey); err != nil {
+		return span{}, fmt.Errorf("register: %w", err)
+	}
+	client, err := outbox.NewPgx(env.pool, outbox.Config{Schema: schema, Registry: registry, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return span{}, fmt.Errorf("fresh client: %w", err)
+	}
+	return env.drainPgonceIn(ctx, client, table, runID, pgonceTunedConfig(), analyze)
+}
+
+// fillPgonce submits n calls of runID through client's SubmitTx,
 // fillTransactionCalls to a transaction, from fillCallers goroutines.
-func (env *environment) fillPgonce(ctx context.Context, runID string, n int) error {
+func (env *environment) fillPgonce(ctx context.Context, client *outbox.Client[pgx.Tx], runID string, n int) error {
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -138,7 +191,7 @@ func (env *environment) fillPgonce(ctx context.Context, runID string, n int) err
 			for first := range chunks {
 				err := pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
 					for step := first; step < min(first+fillTransactionCalls, n); step++ {
-						if _, err := env.pgoncePgx.SubmitTx(ctx, tx, pgonceCall(runID, int64(step))); err != nil {
+						if _, err := client.SubmitTx(ctx, tx, pgonceCall(runID, int64(step))); err != nil {
 							return err
 						}
 					}

@@ -11,7 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+
+	"github.com/pgonce/pgonce/outbox"
 )
+
+// callsPerManyTx is how many calls a transaction of the many-call
+// variants submits: one at a time through SubmitTx, or all at once
+// through SubmitManyTx.
+const callsPerManyTx = 10
 
 // txFunc is one caller transaction's work beside its commit: the business
 // row, and the library's insert for all but the bare variants. n numbers
@@ -76,6 +83,34 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 			return sqlTx(func(ctx context.Context, tx *sql.Tx, n int64) error {
 				_, err := env.pgonceSQL.SubmitTx(ctx, tx, pgonceCall(runID, n))
 				return err
+			})
+		}},
+		{enqueuePgonceEach, func(runID string) txFunc {
+			return pgxTx(func(ctx context.Context, tx pgx.Tx, n int64) error {
+				for i := range int64(callsPerManyTx) {
+					if _, err := env.pgoncePgx.SubmitTx(ctx, tx, pgonceCall(runID, n*callsPerManyTx+i)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}},
+		{enqueuePgonceMany, func(runID string) txFunc {
+			return pgxTx(func(ctx context.Context, tx pgx.Tx, n int64) error {
+				calls := make([]outbox.Call, callsPerManyTx)
+				for i := range calls {
+					calls[i] = pgonceCall(runID, n*callsPerManyTx+int64(i))
+				}
+				results, err := env.pgoncePgx.SubmitManyTx(ctx, tx, calls)
+				if err != nil {
+					return err
+				}
+				for _, r := range results {
+					if r.Err != nil {
+						return r.Err
+					}
+				}
+				return nil
 			})
 		}},
 		{enqueueRiver, func(runID string) txFunc {

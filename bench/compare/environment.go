@@ -221,7 +221,11 @@ func (env *environment) riverTable() string  { return quote(env.schemaRiver) + "
 // outcome is recorded. Its two probes read the partial indexes of due and
 // leased keys.
 func (env *environment) awaitPgonceEmpty(ctx context.Context) error {
-	table := env.pgonceTable()
+	return env.awaitPgonceEmptyIn(ctx, env.pgonceTable())
+}
+
+// awaitPgonceEmptyIn is awaitPgonceEmpty for the key table table.
+func (env *environment) awaitPgonceEmptyIn(ctx context.Context, table string) error {
 	return env.awaitFalse(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE state = 'open' AND lease_until IS NULL)
 		OR EXISTS (SELECT 1 FROM `+table+` WHERE lease_until IS NOT NULL)`, "every pgonce outcome recorded")
 }

@@ -16,13 +16,24 @@ const (
 	drainPgonceTuned   = "pgonce tuned"
 	drainPgonceDefault = "pgonce defaults"
 	drainRiverTuned    = "river tuned"
-	drainRiverDefault  = "river defaults"
 
-	enqueueBarePgx     = "bare pgx"
-	enqueueBareSQL     = "bare database/sql"
-	enqueuePgoncePgx   = "pgonce SubmitTx pgx"
-	enqueuePgonceSQL   = "pgonce SubmitTx database/sql"
-	enqueueRiver       = "river InsertTx"
+	// The tuned drain in a fresh schema, its key table analyzed after the
+	// fill or never, with the key's primary key or with the hash index it
+	// had before migration 00006.
+	drainPgonceFreshAnalyzed   = "pgonce fresh analyzed"
+	drainPgonceFreshUnanalyzed = "pgonce fresh unanalyzed"
+	drainPgonceHashAnalyzed    = "pgonce hash key analyzed"
+	drainPgonceHashUnanalyzed  = "pgonce hash key unanalyzed"
+	drainRiverDefault          = "river defaults"
+
+	enqueueBarePgx   = "bare pgx"
+	enqueueBareSQL   = "bare database/sql"
+	enqueuePgoncePgx = "pgonce SubmitTx pgx"
+	enqueuePgonceSQL = "pgonce SubmitTx database/sql"
+	enqueueRiver     = "river InsertTx"
+	// Transactions of callsPerManyTx calls each.
+	enqueuePgonceEach  = "pgonce 10x SubmitTx pgx"
+	enqueuePgonceMany  = "pgonce SubmitManyTx(10) pgx"
 	enqueueRiverUnique = "river InsertTx unique"
 	endToEndPgonce     = "pgonce"
 	endToEndRiver      = "river"
@@ -36,7 +47,9 @@ const (
 // allVariants are the names PGONCE_COMPARE_VARIANTS may give.
 var allVariants = []string{
 	drainPgonceTuned, drainPgonceDefault, drainRiverTuned, drainRiverDefault,
+	drainPgonceFreshAnalyzed, drainPgonceFreshUnanalyzed, drainPgonceHashAnalyzed, drainPgonceHashUnanalyzed,
 	enqueueBarePgx, enqueueBareSQL, enqueuePgoncePgx, enqueuePgonceSQL, enqueueRiver, enqueueRiverUnique,
+	enqueuePgonceEach, enqueuePgonceMany,
 	endToEndPgonce, endToEndRiver, floorPgbench,
 }
 
@@ -181,10 +194,14 @@ func (rs *resultSet) summarize(s settings) summary {
 		{name: "drain tuned: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceTuned, denPhase: phaseDrain, denVar: drainRiverTuned},
 		{name: "drain defaults: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainRiverDefault},
 		{name: "drain: pgonce defaults ÷ pgonce tuned", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainPgonceTuned},
+		{name: "drain never analyzed ÷ analyzed, primary key", numPhase: phaseDrain, numVar: drainPgonceFreshUnanalyzed, denPhase: phaseDrain, denVar: drainPgonceFreshAnalyzed},
+		{name: "drain never analyzed ÷ analyzed, hash key index", numPhase: phaseDrain, numVar: drainPgonceHashUnanalyzed, denPhase: phaseDrain, denVar: drainPgonceHashAnalyzed},
+		{name: "drain never analyzed: primary key ÷ hash key index", numPhase: phaseDrain, numVar: drainPgonceFreshUnanalyzed, denPhase: phaseDrain, denVar: drainPgonceHashUnanalyzed},
 	}
 	for _, clients := range s.enqueueClients {
 		defs = append(defs,
 			ratioDef{name: "enqueue: pgonce pgx ÷ river unique", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueRiverUnique, clients: clients},
+			ratioDef{name: "enqueue 10 calls a tx: SubmitManyTx ÷ 10x SubmitTx", numPhase: phaseEnqueue, numVar: enqueuePgonceMany, denPhase: phaseEnqueue, denVar: enqueuePgonceEach, clients: clients},
 			ratioDef{name: "enqueue: pgonce database/sql ÷ river unique", numPhase: phaseEnqueue, numVar: enqueuePgonceSQL, denPhase: phaseEnqueue, denVar: enqueueRiverUnique, clients: clients},
 			ratioDef{name: "enqueue: pgonce pgx ÷ river plain", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueRiver, clients: clients},
 			ratioDef{name: "tx cost: SubmitTx pgx ÷ bare pgx", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueBarePgx, clients: clients, costs: true},

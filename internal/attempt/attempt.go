@@ -193,13 +193,30 @@ type Attempt struct {
 	Lease time.Duration
 }
 
-// leaseDeadline is the local time before which the attempt's lease surely
-// holds: the lease was set, by the database, after ClaimedAt.
-func (a Attempt) leaseDeadline() time.Time {
-	if a.Lease <= 0 || a.ClaimedAt.IsZero() {
-		return time.Time{}
+// Claimed returns the attempt of row, a key the store claimed, for the
+// registered tool of its name: row's request (metadata included) and
+// timings, claimedAt the local clock taken just before the claiming
+// statement was sent, maxAttempts (zero: no limit) and the client's lease.
+// Every attempt of a claimed row is built here, so that the dispatcher, the
+// reconciler and oncetest's Drain hand providers the same request.
+func (r *Runner) Claimed(row *store.ClaimedKey, claimedAt time.Time, maxAttempts int) Attempt {
+	return Attempt{
+		Tool: r.Tool(row.Tool),
+		Request: Request{
+			Key:       row.Key,
+			NaturalID: row.NaturalID,
+			Tool:      row.Tool,
+			Args:      row.Args,
+			Attempt:   row.Attempt,
+			Metadata:  row.Metadata,
+		},
+		Ambiguous:        row.Ambiguous,
+		FirstAttemptedAt: row.FirstAttemptedAt,
+		ClaimedNow:       row.Now,
+		ClaimedAt:        claimedAt,
+		MaxAttempts:      maxAttempts,
+		Lease:            r.config.Lease,
 	}
-	return a.ClaimedAt.Add(a.Lease)
 }
 
 // Kind classifies how an attempt ended.
@@ -257,10 +274,6 @@ type Outcome struct {
 	// GaveUp reports a final outcome that a retryable or uncertain failure
 	// became at the attempt limit ([Attempt.MaxAttempts]).
 	GaveUp bool
-	// LeaseDeadline, when set, is the local time by which the attempt's
-	// lease surely still holds: [Runner.Record] tries no statement again
-	// past it.
-	LeaseDeadline time.Time
 	// SlowDown, when positive, is how long the provider asked the whole
 	// tool to wait (outbox.SlowDown): a Retry outcome then never gave up
 	// for the attempt limit, and the dispatcher throttles the tool and
@@ -269,14 +282,13 @@ type Outcome struct {
 }
 
 // NewOutcome returns the outcome of a's attempt, of no kind yet
-// ([Succeeded]), with its retention and lease deadline.
+// ([Succeeded]), with its retention.
 func (r *Runner) NewOutcome(a Attempt) Outcome {
 	return Outcome{
-		Key:           a.Request.Key,
-		Tool:          a.Request.Tool,
-		Attempt:       a.Request.Attempt,
-		Retention:     cmp.Or(a.Tool.Retention, r.config.Retention),
-		LeaseDeadline: a.leaseDeadline(),
+		Key:       a.Request.Key,
+		Tool:      a.Request.Tool,
+		Attempt:   a.Request.Attempt,
+		Retention: cmp.Or(a.Tool.Retention, r.config.Retention),
 	}
 }
 

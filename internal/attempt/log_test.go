@@ -106,7 +106,7 @@ func TestRecordLogsWhatAnOperatorMustActOn(t *testing.T) {
 			require.Len(t, warnings(logs, outcomes[0].Key), 1)
 		})
 
-		t.Run("AnOutcomeNotRecordedIsNotLogged", func(t *testing.T) {
+		t.Run("AnOutcomeNotRecordedIsLoggedAsFencedOut", func(t *testing.T) {
 			t.Parallel()
 			bundle := open(t)
 			logger, logs := pgoncetest.CaptureLogs()
@@ -122,7 +122,13 @@ func TestRecordLogsWhatAnOperatorMustActOn(t *testing.T) {
 			written, err := bundle.runner.Record(WithLogger(t.Context(), logger), outcomes)
 			require.NoError(t, err)
 			require.Empty(t, written)
-			require.Empty(t, warnings(logs, outcomes[0].Key))
+			// Not as the key's failure, but as an outcome that came too
+			// late, with what its provider answered.
+			got := warnings(logs, outcomes[0].Key)
+			require.Len(t, got, 1)
+			require.Contains(t, got[0].Message, "taken over")
+			require.Equal(t, "failed", got[0].Attrs["outcome"])
+			require.Equal(t, "card declined", got[0].Attrs["outcome_error"])
 		})
 
 		t.Run("AnUnrecordableFailureIsLoggedAsTheReviewItBecame", func(t *testing.T) {

@@ -9,10 +9,14 @@ import (
 	"github.com/pgonce/pgonce/internal/store"
 )
 
-// RecordTimeout bounds how long recording outcomes may take once the
-// caller's context is gone: an outcome whose provider acted is worth
-// persisting after a cancel.
-const RecordTimeout = 10 * time.Second
+// RecordTimeout bounds how long recording outcomes may take, tries again
+// included, and how long it continues once the caller's context is gone: an
+// outcome whose provider acted is worth persisting through an outage, and
+// after a cancel. It is not bounded by the attempt's lease: each outcome is
+// fenced by its attempt, so a write that comes after a takeover changes
+// nothing, and one that comes after the lease but before a takeover is the
+// outcome the reconciler would otherwise have had to guess.
+const RecordTimeout = 30 * time.Second
 
 // Backoff between the tries of a statement that records outcomes.
 const (
@@ -27,12 +31,15 @@ const (
 //
 // A statement that fails transiently ([store.IsTransient]: a killed
 // connection, a restarting server) is tried again on another connection,
-// with a backoff from 20ms to 1s, for up to [RecordTimeout] and never past
-// the earliest lease among outcomes (see [Outcome.LeaseDeadline]). The fence
-// makes this safe. When a try may have run although its reply was lost, the
-// keys the next try finds no longer held are read back, and those left at
-// their attempt without a lease count as written: only that attempt could
-// have ended its lease.
+// with a backoff from 20ms to 1s, for up to [RecordTimeout], past the
+// attempts' leases if need be: the fence makes this safe, since a key taken
+// over since (its attempt moved on) is left as it is. When a try may have
+// run although its reply was lost, the keys the next try finds no longer
+// held are read back, and those left at their attempt without a lease count
+// as written: only that attempt could have ended its lease. An outcome found
+// fenced out (its key was taken over) is logged as a warning, with its key,
+// tool, attempt and kind: what its provider answered is known only to the
+// log.
 //
 // Error text is stored sanitised (see [SanitizeText]). A statement over
 // several outcomes that fails for good (one row's data the database rejects
@@ -52,21 +59,124 @@ func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]boo
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
 	defer cancel()
 	until, _ := ctx.Deadline()
-	var finishes, releases []Outcome
+	var finishes, releases, large []Outcome
 	for _, o := range outcomes {
-		if !o.LeaseDeadline.IsZero() && o.LeaseDeadline.Before(until) {
-			until = o.LeaseDeadline
-		}
-		if o.Kind == Retry {
+		switch {
+		case o.Kind == Retry:
 			releases = append(releases, o)
-		} else {
+		case o.Large():
+			large = append(large, o)
+		default:
 			finishes = append(finishes, o)
 		}
 	}
 	written := make(map[string]bool, len(outcomes))
 	finishErr := r.recordAll(ctx, until, finishes, r.finish, written)
 	releaseErr := r.recordAll(ctx, until, releases, r.release, written)
-	return written, errors.Join(finishErr, releaseErr)
+	if finishErr == nil {
+		r.logFencedOut(ctx, finishes, written)
+	}
+	if releaseErr == nil {
+		r.logFencedOut(ctx, releases, written)
+	}
+	errs := []error{finishErr, releaseErr}
+	for _, o := range large {
+		errs = append(errs, r.recordLarge(ctx, until, o, written))
+	}
+	return written, errors.Join(errs...)
+}
+
+// LargeOutcomeBytes is the size of response and failure from which an
+// outcome is large: [Runner.Record] writes it alone, after the others, under
+// a lease it keeps extending, so that its bytes, however long they take to
+// reach the database, neither hold up the outcomes recorded with it nor
+// outlast its lease.
+const LargeOutcomeBytes = 256 << 10
+
+// Large reports whether o is a large outcome (see [LargeOutcomeBytes]).
+func (o Outcome) Large() bool {
+	return o.Kind != Retry && len(o.Response)+len(o.Failure) >= LargeOutcomeBytes
+}
+
+// recordLarge writes the large outcome o alone. It first extends o's lease,
+// fenced by its attempt, and keeps extending it every third of a lease
+// until the write ends: a multi-megabyte outcome on a slow link can take
+// longer than the lease to send, and the reconciler would take its key over
+// meanwhile. A key its attempt no longer holds is not written.
+func (r *Runner) recordLarge(ctx context.Context, until time.Time, o Outcome, written map[string]bool) error {
+	lease := r.config.Lease
+	extend := func() (held bool, err error) {
+		extendCtx, cancel := context.WithTimeout(ctx, r.config.StatementTimeout)
+		defer cancel()
+		return r.store.ExtendLease(extendCtx, o.Key, o.Attempt, lease, r.nowParam())
+	}
+	var held bool
+	_, err := r.retryTransient(ctx, until, func(context.Context) error {
+		var err error
+		held, err = extend()
+		return err
+	})
+	switch {
+	case err == nil && !held:
+		r.logFencedOut(ctx, []Outcome{o}, written)
+		return nil
+	case err != nil:
+		// The write tries on its own; the lease may yet hold.
+		r.logger(ctx).WarnContext(ctx, "pgonce: extending the lease of a large outcome failed; recording it anyway",
+			"key", o.Key, "attempt", o.Attempt, "error", err)
+	}
+
+	keepCtx, stop := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		ticker := time.NewTicker(max(lease/3, 10*time.Millisecond))
+		defer ticker.Stop()
+		for {
+			select {
+			case <-keepCtx.Done():
+				return
+			case <-ticker.C:
+			}
+			if held, err := extend(); err == nil && !held {
+				return // recorded, or taken over: nothing left to keep
+			} else if err != nil && keepCtx.Err() == nil {
+				r.logger(ctx).DebugContext(ctx, "pgonce: extending the lease of a large outcome failed; trying again",
+					"key", o.Key, "attempt", o.Attempt, "error", err)
+			}
+		}
+	}()
+	err = r.recordAll(ctx, until, []Outcome{o}, r.finish, written)
+	stop()
+	<-kept
+	if err == nil {
+		r.logFencedOut(ctx, []Outcome{o}, written)
+	}
+	return err
+}
+
+// logFencedOut warns of each outcome of outs, all recorded without error,
+// that wrote nothing: its key no longer held its attempt (the reconciler
+// took it over after the lease, or an operator acted), so what its provider
+// answered is in this log alone.
+func (r *Runner) logFencedOut(ctx context.Context, outs []Outcome, written map[string]bool) {
+	for _, o := range outs {
+		if written[o.Key] {
+			continue
+		}
+		r.logger(ctx).WarnContext(ctx, "pgonce: an outcome came after its key was taken over; it was not recorded",
+			"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "outcome", o.Kind.String(),
+			"response", clipLog(o.Response), "failure", clipLog(o.Failure), "outcome_error", errorText(o.Err))
+	}
+}
+
+// clipLog is b as log text, cut to logClip bytes.
+func clipLog(b []byte) string {
+	const logClip = 4 << 10
+	if len(b) > logClip {
+		return string(b[:logClip]) + "…"
+	}
+	return string(b)
 }
 
 // recordStatement writes outs in one statement and marks the keys written.

@@ -191,3 +191,85 @@ func TestSanitizeText(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordWarnsOfAnOutcomeFencedOut: an outcome whose key was taken over
+// writes nothing, and its key, tool, attempt and kind are logged as a
+// warning, since the log is then all that knows what its provider answered.
+func TestRecordWarnsOfAnOutcomeFencedOut(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	bundle := setup(t)
+
+	outcomes := bundle.inFlight(t, 3)
+	for i := range outcomes {
+		outcomes[i].Tool = "refund"
+	}
+	outcomes[2].Response = json.RawMessage(`"` + strings.Repeat("r", LargeOutcomeBytes) + `"`)
+	// The reconciler took the second and third keys over.
+	for _, o := range outcomes[1:] {
+		_, err := pgoncetest.Pool(t).Exec(ctx, `UPDATE "`+bundle.schema+`".pgonce_key SET attempt = 2 WHERE key = $1`, pgoncetest.StoredKey(t, o.Key))
+		require.NoError(t, err)
+	}
+
+	logger, logs := pgoncetest.CaptureLogs()
+	written, err := bundle.runner.Record(WithLogger(ctx, logger), outcomes)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{outcomes[0].Key: true}, written)
+
+	fenced := logs.Matching(func(r pgoncetest.LogRecord) bool {
+		return r.Level == slog.LevelWarn && strings.Contains(r.Message, "taken over")
+	})
+	require.Len(t, fenced, 2)
+	for i, record := range fenced {
+		o := outcomes[i+1]
+		require.Equal(t, o.Key, record.Attrs["key"])
+		require.Equal(t, "refund", record.Attrs["tool"])
+		require.Equal(t, "1", record.Attrs["attempt"])
+		require.Equal(t, "succeeded", record.Attrs["outcome"])
+	}
+	require.Equal(t, 2, bundle.get(t, outcomes[1].Key).Attempt)
+	require.Equal(t, store.StateOpen, bundle.get(t, outcomes[2].Key).State)
+}
+
+// TestRecordWritesALargeOutcomeAlone: a large outcome is written alone,
+// after the others, so that however long its bytes take, they hold up no
+// other outcome of its batch: here its row is locked, and the small outcome
+// is written meanwhile.
+func TestRecordWritesALargeOutcomeAlone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	bundle := setup(t)
+	outcomes := bundle.inFlight(t, 2)
+	outcomes[1].Response = json.RawMessage(`"` + strings.Repeat("r", LargeOutcomeBytes) + `"`)
+	require.True(t, outcomes[1].Large())
+	require.False(t, outcomes[0].Large())
+
+	lock, err := pgoncetest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = lock.Exec(ctx, `SELECT FROM "`+bundle.schema+`".pgonce_key WHERE key = $1 FOR UPDATE`, pgoncetest.StoredKey(t, outcomes[1].Key))
+	require.NoError(t, err)
+
+	type recordedOutcomes struct {
+		written map[string]bool
+		err     error
+	}
+	recorded := make(chan recordedOutcomes, 1)
+	go func() {
+		written, err := bundle.runner.Record(ctx, outcomes)
+		recorded <- recordedOutcomes{written, err}
+	}()
+	for bundle.get(t, outcomes[0].Key).State != store.StateSucceeded {
+		select {
+		case got := <-recorded:
+			t.Fatalf("Record returned before the small outcome was seen written: %v, %v", got.written, got.err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.Equal(t, store.StateOpen, bundle.get(t, outcomes[1].Key).State)
+	require.NoError(t, lock.Rollback(ctx))
+	got := <-recorded
+	require.NoError(t, got.err)
+	require.Equal(t, map[string]bool{outcomes[0].Key: true, outcomes[1].Key: true}, got.written)
+	require.Equal(t, store.StateSucceeded, bundle.get(t, outcomes[1].Key).State)
+}

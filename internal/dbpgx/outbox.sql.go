@@ -357,6 +357,45 @@ func (q *Queries) OutboxCountUnserved(ctx context.Context, db DBTX, arg *OutboxC
 	return items, nil
 }
 
+const outboxExtendLease = `-- name: OutboxExtendLease :one
+UPDATE /* TEMPLATE: schema */pgonce_key
+SET
+    lease_until = greatest(
+        pgonce_key.lease_until,
+        coalesce($1::timestamptz, now()) + $2::bigint * interval '1 millisecond'
+    )
+WHERE pgonce_key.key = $3::bytea
+    AND pgonce_key.attempt = CASE
+        WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN $4::integer
+    END
+RETURNING pgonce_key.lease_until::timestamptz AS lease_until
+`
+
+type OutboxExtendLeaseParams struct {
+	Now     *time.Time
+	LeaseMs int64
+	Key     []byte
+	Attempt int32
+}
+
+// OutboxExtendLease extends the lease of a key still held by the given
+// attempt to lease from now, never shortening it, and returns the new end;
+// no row when the attempt no longer holds the key (the fence of
+// OutboxFinish). A worker extends its lease before it records an outcome
+// whose bytes take long to send, so that the reconciler does not take the
+// key over while they are on their way.
+func (q *Queries) OutboxExtendLease(ctx context.Context, db DBTX, arg *OutboxExtendLeaseParams) (time.Time, error) {
+	row := db.QueryRow(ctx, outboxExtendLease,
+		arg.Now,
+		arg.LeaseMs,
+		arg.Key,
+		arg.Attempt,
+	)
+	var lease_until time.Time
+	err := row.Scan(&lease_until)
+	return lease_until, err
+}
+
 const outboxFinish = `-- name: OutboxFinish :many
 WITH outcome AS (
     SELECT

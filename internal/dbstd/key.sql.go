@@ -724,6 +724,138 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 	return &i, err
 }
 
+const keyInsertMany = `-- name: KeyInsertMany :many
+WITH inserted AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_key (
+        key,
+        scope,
+        tenant,
+        run_id,
+        step,
+        business_key,
+        tool,
+        natural_id,
+        fingerprint,
+        args,
+        metadata,
+        delivery,
+        key_retention_ms,
+        available_at,
+        created_at,
+        updated_at
+    )
+    SELECT
+        decode(calls.key, 'base64'),
+        decode(calls.scope, 'base64'),
+        nullif(calls.tenant, ''),
+        nullif(calls.run_id, ''),
+        calls.step,
+        nullif(calls.business_key, ''),
+        calls.tool,
+        nullif(calls.natural_id, ''),
+        decode(calls.fingerprint, 'base64'),
+        decode(calls.args, 'base64'),
+        decode(calls.metadata, 'base64'),
+        calls.delivery,
+        calls.key_retention_ms,
+        greatest(
+            coalesce($1::timestamptz, now()),
+            calls.not_before,
+            coalesce($1::timestamptz, now()) + calls.delay_ms * interval '1 millisecond'
+        ),
+        coalesce($1::timestamptz, now()),
+        coalesce($1::timestamptz, now())
+    FROM json_to_recordset(($2::text)::json) AS calls (
+        key text,
+        scope text,
+        tenant text,
+        run_id text,
+        step bigint,
+        business_key text,
+        tool text,
+        natural_id text,
+        fingerprint text,
+        args text,
+        metadata text,
+        delivery smallint,
+        key_retention_ms bigint,
+        not_before timestamptz,
+        delay_ms bigint
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.created_at,
+        pgonce_key.available_at
+),
+notified AS (
+    SELECT pg_notify($3::text, '')
+    FROM inserted
+    WHERE $3::text <> ''
+    LIMIT 1
+)
+SELECT
+    inserted.key,
+    inserted.created_at,
+    inserted.available_at::timestamptz AS available_at,
+    coalesce($1::timestamptz, now())::timestamptz AS now,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM inserted
+`
+
+type KeyInsertManyParams struct {
+	Now     *time.Time
+	Calls   string
+	Channel string
+}
+
+type KeyInsertManyRow struct {
+	Key         []byte
+	CreatedAt   time.Time
+	AvailableAt time.Time
+	Now         time.Time
+	Notified    int64
+}
+
+// KeyInsertMany writes the pending key claims of several calls in one
+// statement, as KeyInsert does for one: a key whose key or scope exists
+// already (a tombstone included) is skipped, and only the inserted keys are
+// returned. calls is a JSON array of objects, one per call, with the
+// columns' names; bytea values are base64 (Go's encoding of []byte). It is
+// JSON, not arrays, because the database/sql output of this file would
+// need lib/pq for arrays, and it is passed as text, which every query exec
+// mode sends as is (a []byte for json goes as bytea text in some). Rows are inserted in the array's order: callers
+// that sort their calls the same way never deadlock on each other's
+// uncommitted keys. One notification covers the whole batch.
+func (q *Queries) KeyInsertMany(ctx context.Context, db DBTX, arg *KeyInsertManyParams) ([]*KeyInsertManyRow, error) {
+	rows, err := db.QueryContext(ctx, keyInsertMany, arg.Now, arg.Calls, arg.Channel)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*KeyInsertManyRow
+	for rows.Next() {
+		var i KeyInsertManyRow
+		if err := rows.Scan(
+			&i.Key,
+			&i.CreatedAt,
+			&i.AvailableAt,
+			&i.Now,
+			&i.Notified,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const keyList = `-- name: KeyList :many
 SELECT
     listed.key,

@@ -29,10 +29,10 @@ const (
 // can be found and dropped.
 const ClusterPrefix = "pgonce_faults_"
 
-// ClusterOwnerFile, in a private cluster's configuration directory, holds
-// the process id of the test binary that made it: the sweep of leftovers
-// (.ci/setup) spares a cluster whose test binary still runs, so that one
-// run's set-up does not drop another's clusters.
+// ClusterOwnerFile is the file, in a private cluster's configuration
+// directory, that holds the process id of the test binary that made it: the
+// sweep of leftovers (.ci/setup) spares a cluster whose test binary still
+// runs, so that one run's set-up does not drop another's clusters.
 const ClusterOwnerFile = "pgonce_owner_pid"
 
 // FaketimeLibrary returns the path of libfaketime's preload library

@@ -43,7 +43,16 @@ type Proxy struct {
 	triggers []*Trigger
 	closed   bool
 	wg       sync.WaitGroup
+
+	// rate, when positive, caps each connection's client-to-server bytes
+	// per second (see [Proxy.Throttle]).
+	rate atomic.Int64
 }
+
+// Throttle caps the bytes each connection sends to the server at
+// bytesPerSecond from now on, as a slow uplink would: small statements pass
+// at once, a multi-megabyte one takes seconds. Zero lifts the cap.
+func (p *Proxy) Throttle(bytesPerSecond int64) { p.rate.Store(bytesPerSecond) }
 
 // NewProxy listens on a free loopback port and forwards every connection to
 // target (host:port). Close stops it.
@@ -363,6 +372,13 @@ func (c *proxyConn) clientToServer() {
 		c.proxy.waitStall(c)
 		if c.holed.Load() {
 			return true
+		}
+		if rate := c.proxy.rate.Load(); rate > 0 && len(msg) > 4<<10 {
+			select {
+			case <-time.After(time.Duration(int64(len(msg)) * int64(time.Second) / rate)):
+			case <-c.done:
+				return false
+			}
 		}
 		if _, err := w.Write(msg); err != nil {
 			return false

@@ -291,9 +291,7 @@ func setupPooled(tb testing.TB) {
 			pooled.err = err
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		pool, err := connect(ctx, bouncer.URL())
+		pool, err := connect(context.Background(), bouncer.URL(), FirstConnectBudget)
 		if err != nil {
 			bouncer.close()
 			pooled.err = fmt.Errorf("connect through pgbouncer: %w", err)

@@ -200,14 +200,22 @@ func MainThen(m *testing.M, then func(code int) int) {
 
 func setup() {
 	shared.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
+		ctx := context.Background()
 		url := os.Getenv(DatabaseURLEnv)
 		if url == "" {
 			url = DatabaseURLDefault
 		}
-		pool, localErr := connect(ctx, url)
+		pool, localErr := connect(ctx, url, FirstConnectBudget)
+		var slow *ServerSlowError
+		if errors.As(localErr, &slow) {
+			// A server is there: a container would only hide it.
+			shared.err = fmt.Errorf("no PostgreSQL for the tests: %w.\n"+
+				"Wait until the machine is less busy, or set %s to another database", localErr, DatabaseURLEnv)
+			return
+		}
 		if localErr != nil {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
 			containerURL, containerErr := startContainer(ctx)
 			if containerErr != nil {
 				shared.err = fmt.Errorf("no PostgreSQL for the tests.\n"+
@@ -217,32 +225,12 @@ func setup() {
 				return
 			}
 			url = containerURL
-			if pool, shared.err = connect(ctx, url); shared.err != nil {
+			if pool, shared.err = connect(ctx, url, FirstConnectBudget); shared.err != nil {
 				return
 			}
 		}
 		shared.url, shared.pool, shared.db = url, pool, stdlib.OpenDBFromPool(pool)
 	})
-}
-
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	config, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	config.ConnConfig.RuntimeParams["search_path"] = ""
-	config.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(ctx, config)
-	if err != nil {
-		return nil, err
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
 }
 
 func startContainer(ctx context.Context) (url string, err error) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,7 +17,8 @@ type PgxDriver struct {
 	store *Store
 }
 
-// NewPgxDriver returns a driver over pool for schema.
+// NewPgxDriver returns a driver over pool for schema, a name that
+// migrations.ValidateSchema accepted (outbox checks it first).
 func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 	store, err := newStore(schema,
 		func(ctx context.Context, f func(dbpgx.DBTX) error) error { return f(pool) },
@@ -61,6 +63,30 @@ func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 		return nil, e.store.interpretError(ctx, err)
 	}
 	return insertedKey(row), nil
+}
+
+func (e *pgxExecutor) KeyInsertMany(ctx context.Context, p *InsertManyParams) ([]*InsertedKey, error) {
+	params, err := keyInsertManyParams(p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := e.q.KeyInsertMany(ctx, e.db, params)
+	if err != nil {
+		return nil, e.store.interpretError(ctx, err)
+	}
+	return insertedKeys(rows), nil
+}
+
+func (e *pgxExecutor) KeysByScope(ctx context.Context, scopes []string, now *time.Time) ([]*KeyRow, error) {
+	rows, err := e.q.KeyGetByScopes(ctx, e.db, &dbpgx.KeyGetByScopesParams{Scopes: strings.Join(scopes, ","), Now: now})
+	if err != nil {
+		return nil, e.store.interpretError(ctx, err)
+	}
+	keys := make([]*KeyRow, len(rows))
+	for i, row := range rows {
+		keys[i] = keyRowFromGet((*dbpgx.KeyGetRow)(row))
+	}
+	return keys, nil
 }
 
 func (e *pgxExecutor) KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,8 @@ type StdDriver struct {
 	store *Store
 }
 
-// NewStdDriver returns a driver over db for schema.
+// NewStdDriver returns a driver over db for schema, a name that
+// migrations.ValidateSchema accepted (outbox checks it first).
 func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 	if _, ok := db.Driver().(*stdlib.Driver); !ok {
 		return nil, ErrNotPgxStdlib
@@ -99,6 +101,34 @@ func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 		return nil, e.store.interpretError(ctx, err)
 	}
 	return insertedKey((*dbpgx.KeyInsertRow)(row)), nil
+}
+
+func (e *stdExecutor) KeyInsertMany(ctx context.Context, p *InsertManyParams) ([]*InsertedKey, error) {
+	params, err := keyInsertManyParams(p)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := e.q.KeyInsertMany(ctx, e.db, &dbstd.KeyInsertManyParams{Now: params.Now, Calls: params.Calls, Channel: params.Channel})
+	if err != nil {
+		return nil, e.store.interpretError(ctx, err)
+	}
+	converted := make([]*dbpgx.KeyInsertManyRow, len(rows))
+	for i, row := range rows {
+		converted[i] = (*dbpgx.KeyInsertManyRow)(row)
+	}
+	return insertedKeys(converted), nil
+}
+
+func (e *stdExecutor) KeysByScope(ctx context.Context, scopes []string, now *time.Time) ([]*KeyRow, error) {
+	rows, err := e.q.KeyGetByScopes(ctx, e.db, &dbstd.KeyGetByScopesParams{Scopes: strings.Join(scopes, ","), Now: now})
+	if err != nil {
+		return nil, e.store.interpretError(ctx, err)
+	}
+	keys := make([]*KeyRow, len(rows))
+	for i, row := range rows {
+		keys[i] = keyRowFromGet((*dbpgx.KeyGetRow)(row))
+	}
+	return keys, nil
 }
 
 func (e *stdExecutor) KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error {

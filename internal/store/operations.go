@@ -3,7 +3,10 @@ package store
 import (
 	"cmp"
 	"context"
+	"errors"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
 )
@@ -64,8 +67,11 @@ type NewKey struct {
 	Now *time.Time
 }
 
-// InsertedKey is what [Executor.KeyInsert] returns for a key it inserted.
+// InsertedKey is what [Executor.KeyInsert] and [Executor.KeyInsertMany]
+// return for a key they inserted.
 type InsertedKey struct {
+	// Key is set by [Executor.KeyInsertMany] alone.
+	Key       string
 	CreatedAt time.Time
 	// AvailableAt is when the key is due.
 	AvailableAt time.Time
@@ -454,6 +460,27 @@ func (s *Store) RecordedAttempts(ctx context.Context, attempts []AttemptRef) ([]
 		return err
 	})
 	return keys, err
+}
+
+// ExtendLease extends the lease of key, while attempt holds it, to lease
+// from now (never shortening it). It reports whether attempt still holds the
+// key.
+func (s *Store) ExtendLease(ctx context.Context, key string, attempt int, lease time.Duration, now *time.Time) (bool, error) {
+	var held bool
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		_, err := q.OutboxExtendLease(ctx, db, &dbpgx.OutboxExtendLeaseParams{
+			Now:     now,
+			LeaseMs: lease.Milliseconds(),
+			Key:     keyDigest(key),
+			Attempt: int32(attempt), //nolint:gosec // attempts stay small
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		held = err == nil
+		return err
+	})
+	return held, err
 }
 
 // CountUnserved counts, per tool, pending keys of tools outside Tools that

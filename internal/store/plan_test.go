@@ -169,7 +169,7 @@ func TestBatchesProbeTheKeyIndex(t *testing.T) {
 				require.Len(t, plans, 1)
 				keyIndex := false
 				plans[0].Plan.walk(func(node planNode) {
-					keyIndex = keyIndex || node.Index == "pgonce_key_key_idx"
+					keyIndex = keyIndex || node.Index == "pgonce_key_pkey"
 					require.NotEqual(t, "pgonce_key_lease_idx", node.Index, "%s: the join is driven from the lease index:\n%s", name, text)
 					if node.NodeType == "Nested Loop" {
 						inner := node.Plans[1]

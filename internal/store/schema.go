@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgonce/pgonce/migrations"
+	"github.com/pressly/goose/v3/database"
 )
 
 // ErrNotMigrated is returned when one of pgonce's statements names a table,
@@ -103,10 +102,54 @@ func (s *Store) interpretError(ctx context.Context, err error) error {
 	return &NotMigratedError{Schema: s.Schema, Applied: applied, Needed: needed, Detail: pgErr.Message}
 }
 
-// versionOf reads the schema's version through db with the migrations
-// package's read-only Version.
+// SchemaVersion is the newest migration this build's statements need: the
+// highest version among the migrations package's files, which
+// TestSchemaVersionIsTheNewestMigration keeps equal to it. It is a constant
+// here so that the store, beneath every public package, imports none.
+const SchemaVersion = 6
+
+// versionTable is the goose version table the migrations package keeps in
+// the schema.
+const versionTable = "pgonce_db_version"
+
+// versionOf reads, without writing anything, the migration version applied
+// to the schema (0 when the schema or its version table does not exist) and
+// returns it with [SchemaVersion].
 func versionOf(schema string, db *sql.DB) func(ctx context.Context) (int64, int64, error) {
 	return func(ctx context.Context) (int64, int64, error) {
-		return migrations.Version(ctx, db, schema)
+		applied, err := readVersion(ctx, db, schema)
+		return applied, SchemaVersion, err
 	}
+}
+
+// readVersion reads the applied version through goose's own PostgreSQL
+// version store (its TableExists and GetLatestVersion), as
+// migrations.Version does; goose.Provider.GetDBVersion is not used because
+// it creates the version table when it is missing. The table name is not
+// quoted: goose's TableExists splits it at the dot and compares the parts
+// with the catalog, and a validated schema name reads the same quoted or not.
+func readVersion(ctx context.Context, db *sql.DB, schema string) (int64, error) {
+	versions, err := database.NewStore(database.DialectPostgres, schema+"."+versionTable)
+	if err != nil {
+		return 0, fmt.Errorf("migration version store: %w", err)
+	}
+	extender, ok := versions.(database.StoreExtender)
+	if !ok {
+		return 0, errors.New("migration version store: goose's PostgreSQL store cannot tell whether its table exists")
+	}
+	exists, err := extender.TableExists(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("read migration version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	applied, err := extender.GetLatestVersion(ctx, db)
+	if errors.Is(err, database.ErrVersionNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read migration version: %w", err)
+	}
+	return applied, nil
 }

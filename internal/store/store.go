@@ -70,6 +70,13 @@ type Executor interface {
 	// KeyGetByKeyOrScope reads the key, or else another key in its scope,
 	// or returns [ErrNoRows].
 	KeyGetByKeyOrScope(ctx context.Context, key, scope string, now *time.Time) (*KeyRow, error)
+	// KeyInsertMany inserts pending key claims in one statement, in the
+	// order given, and returns the keys it inserted: a key whose key or
+	// scope exists already (a tombstone included) is skipped.
+	KeyInsertMany(ctx context.Context, p *InsertManyParams) ([]*InsertedKey, error)
+	// KeysByScope reads the keys of scopes, given in their hex form; a
+	// scope without a key has no row.
+	KeysByScope(ctx context.Context, scopes []string, now *time.Time) ([]*KeyRow, error)
 	// KeyCompleteInTx records the final outcome of a key that the same
 	// transaction claimed in flight, or returns [ErrNoRows] when the key is
 	// not held by that attempt and worker.
@@ -168,9 +175,6 @@ func newStore(schema string, pgxFunc func(context.Context, func(dbpgx.DBTX) erro
 	connFunc func(context.Context, func(*pgx.Conn) error) error, maxConnsFunc func() int,
 	versionFunc func(context.Context) (int64, int64, error), executor func(*Store) Executor,
 ) (*Store, error) {
-	if err := ident.ValidateSchema(schema); err != nil {
-		return nil, err
-	}
 	tpl := newTemplate(schema)
 	s := &Store{
 		Schema:       schema,

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"io"
 	"net"
@@ -19,9 +21,18 @@ import (
 // caller's own context being done is not transient: nothing retries for a
 // caller who left. Errors in the statement or its data (a missing table, a
 // bad value) are not transient either.
+//
+// database/sql reports a lost connection in words of its own:
+// [driver.ErrBadConn] ("driver: bad connection") when the connection it
+// took from its pool was found dead, even after its own retries, and
+// [sql.ErrConnDone] for a connection that was returned to the pool after it
+// broke. Both, wrapped or not, are transient.
 func IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return true
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

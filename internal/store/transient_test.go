@@ -2,9 +2,13 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -58,6 +62,47 @@ func TestIsTransient(t *testing.T) {
 			require.Equal(t, tt.data, store.IsDataError(err), "IsDataError(%v)", err)
 		})
 	}
+
+	// database/sql's words for a lost connection: a statement that found
+	// its connection dead (even after database/sql's own retries) and one
+	// on a connection handed back after it broke.
+	for _, tt := range []struct {
+		name string
+		err  error
+	}{
+		{"BadConn", driver.ErrBadConn},
+		{"BadConnWrapped", fmt.Errorf("get key: %w", driver.ErrBadConn)},
+		{"ConnDone", sql.ErrConnDone},
+		{"ConnDoneWrapped", fmt.Errorf("record outcomes: %w", sql.ErrConnDone)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			require.True(t, store.IsTransient(tt.err), "IsTransient(%v)", tt.err)
+			require.True(t, store.IsTransient(store.InterpretError(tt.err)), "IsTransient(InterpretError(%v))", tt.err)
+			require.False(t, store.IsDataError(tt.err))
+		})
+	}
+
+	t.Run("DatabaseSQLOnAKilledConnection", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db := stdlib.OpenDBFromPool(pgoncetest.Pool(t))
+		t.Cleanup(func() { _ = db.Close() })
+		conn, err := db.Conn(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		var pid int
+		require.NoError(t, conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		_, err = pgoncetest.Pool(t).Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+		require.NoError(t, err)
+		// The first statement meets the dead connection, the next ones
+		// database/sql's report of it.
+		for range 3 {
+			_, err = conn.ExecContext(ctx, "SELECT 1")
+			require.Error(t, err)
+			require.True(t, store.IsTransient(store.InterpretError(err)), "IsTransient(%v)", err)
+		}
+	})
 
 	t.Run("CallerCancelledIsNotTransient", func(t *testing.T) {
 		t.Parallel()

@@ -1,4 +1,4 @@
-package ident
+package migrations
 
 import (
 	"strings"
@@ -17,7 +17,7 @@ func TestValidateSchema(t *testing.T) {
 		inMessage string
 	}{
 		{"Empty", "", "must not be empty"},
-		{"TooLong", strings.Repeat("a", SchemaMaxLen+1), "longer than 48 bytes"},
+		{"TooLong", strings.Repeat("a", schemaMaxLen+1), "longer than 48 bytes"},
 		{"Huge", strings.Repeat("x", 10_000), "(10000 bytes)"},
 		{"HugeWithSQL", `x"; DROP TABLE users; --` + strings.Repeat("é", 5000), "(10024 bytes)"},
 		{"UpperCase", "Pgonce", "must match"},
@@ -36,7 +36,7 @@ func TestValidateSchema(t *testing.T) {
 
 	t.Run("Accepted", func(t *testing.T) {
 		t.Parallel()
-		for _, schema := range []string{"pgonce", "_x", "a1_b2", strings.Repeat("a", SchemaMaxLen)} {
+		for _, schema := range []string{"pgonce", "_x", "a1_b2", strings.Repeat("a", schemaMaxLen)} {
 			require.NoError(t, ValidateSchema(schema), schema)
 		}
 	})
