@@ -146,8 +146,11 @@ func TestTools(t *testing.T) {
 		// A NUL byte cannot reach a process's arguments; run is the CLI
 		// without the process.
 		var stdout, stderr strings.Builder
-		code := run(t.Context(), []string{"--database-url", pgoncetest.DatabaseURL(t), "--schema", f.schema,
-			"pause", "re\x00fund", "--reason", "x", "--by", "alice"}, &stdout, &stderr)
+		args := []string{
+			"--database-url", pgoncetest.DatabaseURL(t), "--schema", f.schema,
+			"pause", "re\x00fund", "--reason", "x", "--by", "alice",
+		}
+		code := run(t.Context(), args, &stdout, &stderr)
 		require.Equal(t, exitUsage, code, stderr.String())
 		require.Contains(t, stderr.String(), "without NUL bytes")
 		statuses, err := f.client.Tools(t.Context())
