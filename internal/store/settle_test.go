@@ -66,11 +66,11 @@ func TestSettleReview(t *testing.T) {
 					ResolvedBy: "pgonce", Reason: "the answer of attempt 1 came after its lease", Now: at(6 * time.Minute),
 				}
 			}
-			state := func(t *testing.T, key string) string {
+			state := func(t *testing.T, key string) store.State {
 				t.Helper()
 				row, err := exec.KeyGet(ctx, key, nil)
 				require.NoError(t, err)
-				return row.State
+				return store.State(row.State)
 			}
 
 			t.Run("SettlesTheReviewOnce", func(t *testing.T) {
@@ -87,7 +87,7 @@ func TestSettleReview(t *testing.T) {
 				require.True(t, settled)
 				row, err := exec.KeyGet(ctx, key, nil)
 				require.NoError(t, err)
-				require.Equal(t, store.StateSucceeded, row.State)
+				require.Equal(t, store.StateSucceeded, store.State(row.State))
 				require.JSONEq(t, `{"refund":"r_1"}`, string(row.Response))
 				var completed, expires, forget time.Time
 				var lastError *string
@@ -101,7 +101,7 @@ func TestSettleReview(t *testing.T) {
 				resolutions, err := s.ResolutionsByKey(ctx, key)
 				require.NoError(t, err)
 				require.Len(t, resolutions, 1)
-				require.Equal(t, store.StateSucceeded, resolutions[0].Action)
+				require.Equal(t, string(store.StateSucceeded), resolutions[0].Action)
 				require.Equal(t, "pgonce", resolutions[0].ResolvedBy)
 				require.Equal(t, "the answer of attempt 1 came after its lease", resolutions[0].Reason)
 				attempts, err := s.Attempts(ctx, key)
@@ -148,7 +148,7 @@ func TestSettleReview(t *testing.T) {
 				require.True(t, settled)
 				row, err := exec.KeyGet(ctx, key, nil)
 				require.NoError(t, err)
-				require.Equal(t, store.StateFailed, row.State)
+				require.Equal(t, store.StateFailed, store.State(row.State))
 				require.JSONEq(t, `{"code":"declined"}`, string(row.Failure))
 			})
 
