@@ -590,6 +590,54 @@ func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
 	})
 }
 
+// SettleReviewParams are the parameters of [Store.SettleReview].
+type SettleReviewParams struct {
+	// Outcome is the late outcome: its key, the attempt whose provider
+	// answered, and a State of StateSucceeded or StateFailed.
+	Outcome Outcome
+	// ReviewReason is the error the reconciler's review gave.
+	ReviewReason       string
+	TombstoneRetention time.Duration
+	// ResolvedBy and Reason are recorded with the settlement.
+	ResolvedBy string
+	Reason     string
+	// Channel, when not empty, is notified with the settled key.
+	Channel string
+	Now     *time.Time
+}
+
+// SettleReview records p.Outcome, fenced out by the reconciler's takeover
+// of its attempt, on a key the reconciler sent to review for want of it (or
+// holds still, undecided), and records the settlement; see KeySettleReview
+// in queries/resolution.sql. It reports whether the key was settled: false
+// leaves any other key as it was.
+func (s *Store) SettleReview(ctx context.Context, p *SettleReviewParams) (bool, error) {
+	var settled bool
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		_, err := q.KeySettleReview(ctx, db, &dbpgx.KeySettleReviewParams{
+			State:        string(p.Outcome.State),
+			Response:     p.Outcome.Response,
+			Failure:      p.Outcome.Failure,
+			LastError:    p.Outcome.LastError,
+			Now:          p.Now,
+			RetentionMs:  p.Outcome.Retention.Milliseconds(),
+			TombstoneMs:  p.TombstoneRetention.Milliseconds(),
+			Key:          keyDigest(p.Outcome.Key),
+			Attempt:      int32(p.Outcome.Attempt), //nolint:gosec // attempts stay small
+			ReviewReason: p.ReviewReason,
+			ResolvedBy:   p.ResolvedBy,
+			Reason:       p.Reason,
+			Channel:      p.Channel,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		settled = err == nil
+		return err
+	})
+	return settled, err
+}
+
 // ResolutionsByKey returns the recorded decisions on key, oldest first.
 func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution, error) {
 	var resolutions []*Resolution
