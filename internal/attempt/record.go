@@ -296,6 +296,7 @@ func (r *Runner) recordUnrecordable(ctx context.Context, until time.Time, o Outc
 		"failure", string(o.Failure), "outcome_error", errorText(o.Err), "error", err)
 	review := Outcome{
 		Key:     o.Key,
+		Scope:   o.Scope,
 		Tool:    o.Tool,
 		Attempt: o.Attempt,
 		Kind:    NeedsReview,
@@ -316,7 +317,7 @@ func (r *Runner) readBackRecorded(ctx context.Context, until time.Time, outs []O
 	var attempts []store.AttemptRef
 	for _, o := range outs {
 		if !written[o.Key] {
-			attempts = append(attempts, store.AttemptRef{Key: o.Key, Attempt: o.Attempt})
+			attempts = append(attempts, store.AttemptRef{Key: o.Key, Scope: o.Scope, Attempt: o.Attempt})
 		}
 	}
 	if len(attempts) == 0 {
@@ -401,6 +402,7 @@ func (r *Runner) finish(ctx context.Context, outs []Outcome, written map[string]
 	for _, o := range outs {
 		params.Outcomes = append(params.Outcomes, store.Outcome{
 			Key:       o.Key,
+			Scope:     o.Scope,
 			Attempt:   o.Attempt,
 			State:     o.Kind.storedState(),
 			Response:  o.Response,
@@ -430,6 +432,7 @@ func (r *Runner) release(ctx context.Context, outs []Outcome, written map[string
 	for _, o := range outs {
 		params.Releases = append(params.Releases, store.Release{
 			Key:       o.Key,
+			Scope:     o.Scope,
 			Attempt:   o.Attempt,
 			Delay:     o.RetryDelay,
 			Ambiguous: o.Ambiguous,
