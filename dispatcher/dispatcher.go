@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -287,6 +288,15 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 		})
 		if err != nil {
 			return nil, wait, fmt.Errorf("claim controlled outbox batch: %w", err)
+		}
+		// A controlled tool without a budget has no control row any more:
+		// its keys are the plain claim's, from this claim on.
+		if len(budgets) < len(controlled) {
+			rowless := slices.DeleteFunc(slices.Clone(controlled), func(tool string) bool {
+				return slices.ContainsFunc(budgets, func(b store.ToolBudget) bool { return b.Tool == tool })
+			})
+			d.controls.forget(rowless)
+			plain = append(plain, rowless...)
 		}
 		perTool := make(map[string]int, len(controlled))
 		for _, row := range rows {

@@ -54,6 +54,16 @@ func (c *controls) add(tool string) {
 	c.mu.Unlock()
 }
 
+// forget marks tools as not controlled at once: a claim found that they
+// have no row.
+func (c *controls) forget(tools []string) {
+	c.mu.Lock()
+	for _, tool := range tools {
+		delete(c.tools, tool)
+	}
+	c.mu.Unlock()
+}
+
 // split returns which of tools are controlled and which are not, reading
 // the flow control again first when it is due.
 func (c *controls) split(ctx context.Context, s *store.Store, tools []string) (controlled, plain []string, err error) {
