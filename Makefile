@@ -109,6 +109,11 @@ bench: ## Run the benchmarks (bench-size and bench-scale aside), 6 counts each, 
 bench-drain: ## Print how fast 1, 2, 4 and 8 dispatcher processes drain a backlog (PGONCE_BENCH_DRAIN_KEYS keys, default 5000)
 	go test -run='^$$' -bench='^BenchmarkDrainProcesses$$' -benchtime=1x -count=3 -timeout=60m ./internal/faults/
 
+.PHONY: flow-full
+flow-full: ## Run the flow-control tests at full length: a rate of 200/s held within 5% over 60s across 3 processes, and 20000 calls under a limit of 25 in flight (docs/flow-control.md)
+	PGONCE_TEST_FLOW_RATE_SECONDS=60 go test -count=1 -v -timeout=30m -run='^TestFlowRateAcrossProcesses$$/^Pgx$$' ./dispatcher/
+	PGONCE_TEST_FLOW_CALLS=20000 go test -count=1 -v -timeout=30m -run='^TestFlowMaxInFlightAcrossProcesses$$/^Pgx$$' ./dispatcher/
+
 .PHONY: bench-size
 bench-size: ## Print the bytes per finished key and per tombstone (PGONCE_BENCH_KEYS calls, default 100000)
 	go test -run='^$$' -bench='^BenchmarkSize$$' -benchtime=1x -count=1 -timeout=60m ./internal/storagebench/

@@ -54,6 +54,16 @@ func (c *controls) add(tool string) {
 	c.mu.Unlock()
 }
 
+// forget marks tools as not controlled at once: a claim found that they
+// have no row.
+func (c *controls) forget(tools []string) {
+	c.mu.Lock()
+	for _, tool := range tools {
+		delete(c.tools, tool)
+	}
+	c.mu.Unlock()
+}
+
 // split returns which of tools are controlled and which are not, reading
 // the flow control again first when it is due.
 func (c *controls) split(ctx context.Context, s *store.Store, tools []string) (controlled, plain []string, err error) {
@@ -132,7 +142,7 @@ func controlWait(budgets []store.ToolBudget, claimed map[string]int, claimAt int
 func (d *Dispatcher[TTx]) throttle(ctx context.Context, out *attempt.Outcome) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.client.Config().StatementTimeout)
 	defer cancel()
-	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown}
+	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown, Now: d.now()}
 	if !d.client.Config().NotifyDisabled {
 		p.Channel = d.store.WorkChannel
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -151,8 +152,126 @@ func testFlowMaxInFlightAcrossProcesses[TTx any](t *testing.T, driver drivertest
 	keys, most := api.effects()
 	require.Equal(t, calls, keys, "every key acted on")
 	require.Equal(t, 1, most, "no key acted on twice")
+	t.Logf("%d calls across 3 processes of 100 slots, each key acted on once; at most %d at once under a limit of %d",
+		calls, api.most.Load(), limit)
 	require.LessOrEqual(t, api.most.Load(), int64(limit), "the API never ran more calls at once than the limit")
 	require.Greater(t, api.most.Load(), int64(1), "calls overlapped")
+}
+
+// flowRateWindow is how long the multi-process rate test keeps its tool
+// busy: PGONCE_TEST_FLOW_RATE_SECONDS, or 10s. From 30s on (make
+// flow-full) the test also measures the rate the API saw against the limit,
+// within 5%.
+func flowRateWindow(t *testing.T) time.Duration {
+	t.Helper()
+	if v := os.Getenv("PGONCE_TEST_FLOW_RATE_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		require.Positive(t, n)
+		return time.Duration(n) * time.Second
+	}
+	return 10 * time.Second
+}
+
+func TestFlowRateAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	drivertest.All(t, testFlowRateAcrossProcesses[pgx.Tx], testFlowRateAcrossProcesses[*sql.Tx])
+}
+
+// testFlowRateAcrossProcesses runs three dispatcher processes of 100 slots
+// each against an API that records when each call reached it, with a rate
+// limit of 200 calls per second and a burst of 200, and a backlog of more
+// than the window's worth. The bucket starts full when the limit is set, so
+// by any time t the API can have seen at most burst + rate × (t - set)
+// calls, whatever the processes and the machine's load: that is asserted of
+// every call. Whether the dispatchers keep up with the rate depends on the
+// machine; the long run (make flow-full) measures the window's calls
+// against rate × window, within 5%.
+func testFlowRateAcrossProcesses[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
+	api := newCountingAPI(2 * time.Millisecond)
+	server := httptest.NewServer(api)
+	t.Cleanup(server.Close)
+
+	const (
+		rate  = 200
+		burst = 200
+	)
+	window := flowRateWindow(t)
+	calls := int(rate*window.Seconds()*1.1) + burst
+	bundle.submitAll(t, bundle.client, callsFrom("refund", 0, calls))
+	set := time.Now()
+	_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{Rate: rate, Burst: burst},
+		outbox.LimitParams{By: "test", Reason: "the provider takes 200 calls a second"})
+	require.NoError(t, err)
+
+	children := make([]*exec.Cmd, 3)
+	for i := range children {
+		cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
+		cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+driver.URL(t),
+			childDriverEnv+"="+driver.Name, childFlowURLEnv+"="+server.URL)
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		children[i] = cmd
+	}
+	t.Cleanup(func() {
+		for _, cmd := range children {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+
+	pool := pgoncetest.Pool(t)
+	require.Eventually(t, func() bool {
+		var open int
+		err := pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state <> 'succeeded'`).Scan(&open)
+		return err == nil && open == 0
+	}, 30*time.Minute, 20*time.Millisecond)
+	for _, cmd := range children {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	}
+	for _, cmd := range children {
+		require.NoError(t, cmd.Wait())
+	}
+
+	keys, most := api.effects()
+	require.Equal(t, calls, keys, "every key acted on")
+	require.Equal(t, 1, most, "no key acted on twice")
+	api.mu.Lock()
+	arrivals := slices.Clone(api.arrivals)
+	api.mu.Unlock()
+	slices.SortFunc(arrivals, time.Time.Compare)
+	for i, at := range arrivals {
+		// One call of slack for the bucket's floating-point arithmetic.
+		allowed := burst + rate*at.Sub(set).Seconds() + 1
+		require.LessOrEqual(t, float64(i+1), allowed,
+			"%d calls by %s after the limit was set: more than the burst and the rate allow", i+1, at.Sub(set))
+	}
+
+	first := arrivals[0]
+	inWindow := 0
+	for _, at := range arrivals {
+		if at.Sub(first) < window {
+			inWindow++
+		}
+	}
+	want := rate * window.Seconds()
+	t.Logf("rate %d/s, burst %d, 3 processes: %d calls in the %s after the first, %.1f%% of rate × window; all %d calls over %s",
+		rate, burst, inWindow, window, 100*float64(inWindow)/want, len(arrivals), arrivals[len(arrivals)-1].Sub(first).Round(time.Millisecond))
+	if window >= 30*time.Second {
+		// Calls per 5s of the window, to tell a slow start from a slow
+		// machine.
+		buckets := make([]int, int(window/(5*time.Second)))
+		for _, at := range arrivals {
+			if i := int(at.Sub(first) / (5 * time.Second)); i < len(buckets) {
+				buckets[i]++
+			}
+		}
+		t.Logf("calls per 5s: %v", buckets)
+		require.InDelta(t, want, float64(inWindow), want*0.05, "the rate the API saw is within 5%% of the limit")
+	}
 }
 
 func TestFlowSlowDown(t *testing.T) {
@@ -227,9 +346,41 @@ func testFlowSlowDown[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		got, most := api.effects()
 		require.Equal(t, len(keys), got)
 		require.Equal(t, 1, most)
-		status, err := bundle.client.Tool(t.Context(), "refund")
+		// The slow-down ended and the tool has no limit or pause: the
+		// dispatchers' claims forget its row, and its keys are claimed by
+		// the plain claim again.
+		require.Eventually(t, func() bool {
+			statuses, err := bundle.client.Tools(t.Context())
+			return err == nil && len(statuses) == 0
+		}, time.Minute, 5*time.Millisecond, "the tool's control row outlived its slow-down")
+		more := bundle.submitAll(t, bundle.client, callsFrom("refund", 200, 20))
+		for _, key := range more {
+			awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		}
+	})
+
+	t.Run("ASlowDownThatEndedLeavesLimitsAndPausesAlone", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// Two slow-downs that ended a second ago.
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `INSERT INTO "`+bundle.schema+`".pgonce_tool (tool, not_before)
+			VALUES ('refund', now() - interval '1 second'), ('email', now() - interval '1 second')`)
 		require.NoError(t, err)
-		require.False(t, status.SlowedUntil.IsZero(), "the tool kept its not-before time")
+		_, err = bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: 5},
+			outbox.LimitParams{By: "test", Reason: "five at a time"})
+		require.NoError(t, err)
+		_, err = bundle.client.Pause(t.Context(), "email", outbox.PauseParams{By: "test", Reason: "incident"})
+		require.NoError(t, err)
+		d, err := dispatcher.New(bundle.client, dispatcher.Config{PollInterval: 20 * time.Millisecond})
+		require.NoError(t, err)
+		start(t, d)
+		key := submit(t, bundle.client, "refund", 1)
+		awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		statuses, err := bundle.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Len(t, statuses, 2)
+		require.Equal(t, 5, statuses[1].Limits.MaxInFlight)
+		require.True(t, statuses[0].Paused)
 	})
 }
 

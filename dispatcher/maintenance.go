@@ -111,9 +111,22 @@ func (d *Dispatcher[TTx]) gauge(ctx context.Context, obs observe.Observer, tools
 		}
 		return
 	}
+	controls, err := d.client.Tools(statsCtx)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.logger.WarnContext(ctx, "pgonce: reading tool flow control for telemetry failed", "error", err)
+		}
+		return
+	}
+	paused := make(map[string]bool, len(controls))
+	for _, c := range controls {
+		paused[c.Tool] = c.Paused
+	}
 	gauges := &observe.Gauges{Until: until, Tools: make([]observe.ToolGauges, 0, len(tools))}
 	for _, tool := range tools {
-		gauges.Tools = append(gauges.Tools, toolGauges(stats, tool))
+		g := toolGauges(stats, tool)
+		g.Paused = paused[tool]
+		gauges.Tools = append(gauges.Tools, g)
 	}
 	obs.Gauged(ctx, d.client.Config().Schema, gauges)
 }

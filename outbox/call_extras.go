@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/pgonce/pgonce/internal/store"
 )
 
 // encodeMetadata validates call's metadata and schedule, and returns the
@@ -61,28 +59,4 @@ func decodeMetadata(stored []byte) map[string]string {
 		return nil
 	}
 	return metadata
-}
-
-// storedDelivery is d as the key table stores it.
-func storedDelivery(d Delivery) int {
-	switch d {
-	case LookupByNaturalID:
-		return store.DeliveryByLookup
-	case AtMostOnce:
-		return store.DeliveryAtMostOnce
-	default:
-		return store.DeliveryByKey
-	}
-}
-
-// deliveryFromStored reads a stored delivery.
-func deliveryFromStored(stored int) Delivery {
-	switch stored {
-	case store.DeliveryByLookup:
-		return LookupByNaturalID
-	case store.DeliveryAtMostOnce:
-		return AtMostOnce
-	default:
-		return IdempotentByKey
-	}
 }

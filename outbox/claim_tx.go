@@ -77,7 +77,7 @@ func (c *Client[TTx]) CompleteTx(ctx context.Context, tx TTx, claimed Result, re
 		Key:                string(claimed.Key),
 		Attempt:            claimed.Attempts,
 		Worker:             c.config.WorkerID,
-		State:              store.StateSucceeded,
+		State:              dbStateSucceeded,
 		Response:           response,
 		Retention:          retention,
 		TombstoneRetention: c.config.TombstoneRetention,

@@ -93,7 +93,7 @@ func (c *Client[TTx]) Inspect(ctx context.Context, key Key) (Inspection, error) 
 			NaturalID:    row.NaturalID,
 			Fingerprint:  row.Fingerprint,
 			Metadata:     decodeMetadata(row.Metadata),
-			Delivery:     deliveryFromStored(row.Delivery),
+			Delivery:     row.Delivery,
 			KeyRetention: row.KeyRetention,
 		}
 		if row.ExpiresAt != nil {

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/jcs"
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 const (
@@ -19,8 +20,8 @@ const (
 	// new version with a new [KeyPrefix], never a silent change.
 	KeyVersion = 1
 
-	// KeyPrefix starts every key of [KeyVersion].
-	KeyPrefix = "k1_"
+	// KeyPrefix starts every key of [KeyVersion]: "k1_".
+	KeyPrefix = store.KeyPrefix
 
 	// KeyLength is the length in bytes of every key of [KeyVersion]:
 	// [KeyPrefix] followed by 64 lower-case hexadecimal digits.

@@ -116,7 +116,7 @@ func wrapFunc(client, tool []Middleware) func(ctx context.Context, op *attempt.O
 		return nil
 	}
 	return func(ctx context.Context, op *attempt.Op, next func(ctx context.Context) attempt.CallResult) attempt.CallResult {
-		call := &ProviderCall{Request: providerRequest(op.Request), Delivery: publicDelivery(op.Delivery)}
+		call := &ProviderCall{Request: providerRequest(op.Request), Delivery: op.Delivery}
 		if op.Lookup {
 			call.Op = ProviderOpLookup
 		}
@@ -151,16 +151,5 @@ func wrapFunc(client, tool []Middleware) func(ctx context.Context, op *attempt.O
 			res = chain[0].AroundProvider(ctx, call, inner(1))
 		}
 		return attempt.CallResult{Response: res.Response, Found: res.Found, Err: res.Err}
-	}
-}
-
-func publicDelivery(d attempt.Delivery) Delivery {
-	switch d {
-	case attempt.ByLookup:
-		return LookupByNaturalID
-	case attempt.AtMostOnce:
-		return AtMostOnce
-	default:
-		return IdempotentByKey
 	}
 }

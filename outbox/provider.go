@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pgonce/pgonce/internal/attempt"
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 // Provider performs a tool's side effect. It is called at most once per
@@ -67,35 +68,24 @@ type Request struct {
 }
 
 // Delivery says how a tool's outcome is made certain after an attempt whose
-// outcome is unknown (a crash, or a timeout after the request was sent).
-type Delivery int
+// outcome is unknown (a crash, or a timeout after the request was sent). Its
+// String method returns the delivery's name: "idempotent_by_key",
+// "lookup_by_natural_id" or "at_most_once".
+type Delivery = store.Delivery
 
 const (
 	// IdempotentByKey tools deduplicate on the key passed downstream: an
 	// uncertain attempt is simply tried again with the same key, within the
 	// provider's key-retention window ([ToolOpts.KeyRetention]).
-	IdempotentByKey Delivery = iota
+	IdempotentByKey Delivery = store.DeliveryByKey
 	// LookupByNaturalID tools can be asked whether the action happened: an
 	// uncertain attempt is followed by a lookup, and a call only when the
 	// lookup finds nothing. The provider must implement [Lookuper].
-	LookupByNaturalID
+	LookupByNaturalID Delivery = store.DeliveryByLookup
 	// AtMostOnce tools can do neither: an uncertain attempt sends the key to
 	// [StateNeedsReview], and nothing runs until an operator resolves it.
-	AtMostOnce
+	AtMostOnce Delivery = store.DeliveryAtMostOnce
 )
-
-// String returns the delivery's name.
-func (d Delivery) String() string {
-	switch d {
-	case IdempotentByKey:
-		return "idempotent_by_key"
-	case LookupByNaturalID:
-		return "lookup_by_natural_id"
-	case AtMostOnce:
-		return "at_most_once"
-	}
-	return fmt.Sprintf("Delivery(%d)", int(d))
-}
 
 // ToolOpts are optional settings of one tool.
 type ToolOpts struct {

@@ -59,7 +59,7 @@ func attemptTool(tool *Tool, p Provider, middleware []Middleware) *attempt.Tool 
 		Call: func(ctx context.Context, req attempt.Request) (json.RawMessage, error) {
 			return p.Call(ctx, providerRequest(req))
 		},
-		Delivery:     attemptDelivery(tool.Delivery),
+		Delivery:     tool.Delivery,
 		KeyRetention: tool.Opts.KeyRetention,
 		Retention:    tool.Opts.Retention,
 		Wrap:         wrapFunc(middleware, tool.Opts.Middleware),
@@ -80,17 +80,6 @@ func providerRequest(req attempt.Request) Request {
 		Args:      req.Args,
 		Attempt:   req.Attempt,
 		Metadata:  decodeMetadata(req.Metadata),
-	}
-}
-
-func attemptDelivery(d Delivery) attempt.Delivery {
-	switch d {
-	case LookupByNaturalID:
-		return attempt.ByLookup
-	case AtMostOnce:
-		return attempt.AtMostOnce
-	default:
-		return attempt.ByKey
 	}
 }
 

@@ -198,7 +198,7 @@ func (c *Client[TTx]) newKey(sub submission, call Call) *store.NewKey {
 		Delay:       call.Delay,
 	}
 	if sub.tool != nil {
-		key.Delivery = storedDelivery(sub.tool.Delivery)
+		key.Delivery = sub.tool.Delivery
 		key.KeyRetention = sub.tool.Opts.KeyRetention
 	}
 	if !call.NotBefore.IsZero() {

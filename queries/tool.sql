@@ -348,6 +348,21 @@ WHERE pgonce_tool.tool = any(@tools::text[])
 ORDER BY pgonce_tool.tool
 FOR UPDATE;
 
+-- name: ToolForget :many
+-- ToolForget deletes the control rows of the given tools that control
+-- nothing any more: no limit, no pause, and a not_before that has passed
+-- (a slow-down that ended). Their keys return to the plain claim, which
+-- never reads pgonce_tool. It runs in the transaction of a controlled claim
+-- after ToolLock, which holds the rows: a slow-down that a provider asks
+-- for meanwhile waits for the lock and then inserts a new row.
+DELETE FROM /* TEMPLATE: schema */pgonce_tool
+WHERE pgonce_tool.tool = any(@tools::text[])
+    AND pgonce_tool.max_in_flight IS NULL
+    AND pgonce_tool.rate IS NULL
+    AND pgonce_tool.paused_at IS NULL
+    AND coalesce(pgonce_tool.not_before <= coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()), true)
+RETURNING pgonce_tool.tool;
+
 -- name: OutboxClaimControlled :many
 -- OutboxClaimControlled claims due pending keys of tools that have flow
 -- control, as OutboxClaimBatch does, but never more of a tool's keys than

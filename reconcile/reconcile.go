@@ -335,7 +335,7 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 		registered = &attempt.Tool{Name: row.Tool}
 	}
 	tool := *registered
-	tool.Delivery = storedDelivery(row.Delivery)
+	tool.Delivery = row.Delivery
 	tool.KeyRetention = row.KeyRetention
 	// Recording is tried again after transient failures, but never past
 	// the reconciler's own lease.
@@ -343,8 +343,8 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 	a.Tool, a.Ambiguous = &tool, true
 	out := r.attempts.NewOutcome(a)
 	out.Kind, out.Ambiguous = attempt.Retry, true
-	out.Err = errors.New("lease expired: the attempt's outcome is unknown")
-	if tool.Delivery == attempt.ByLookup && tool.Lookup == nil {
+	out.Err = errors.New(attempt.LeaseExpiredReason)
+	if tool.Delivery == store.DeliveryByLookup && tool.Lookup == nil {
 		out.Err = errors.New("lease expired: the tool looks up by natural id, and no provider here can")
 		return out, OutcomeLookupFailed
 	}
@@ -386,17 +386,5 @@ func (r *Reconciler[TTx]) Run(ctx context.Context, every time.Duration) error {
 			return ctx.Err()
 		case <-ticker.C:
 		}
-	}
-}
-
-// storedDelivery reads a key's stored delivery mode.
-func storedDelivery(stored int) attempt.Delivery {
-	switch stored {
-	case store.DeliveryByLookup:
-		return attempt.ByLookup
-	case store.DeliveryAtMostOnce:
-		return attempt.AtMostOnce
-	default:
-		return attempt.ByKey
 	}
 }

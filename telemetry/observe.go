@@ -191,6 +191,11 @@ func (t *Telemetry) observeGauges(_ context.Context, o metric.Observer) error {
 				o.ObserveInt64(t.keyCount, state.n, metric.WithAttributes(namespace, AttrTool.String(tool.Tool), AttrState.String(state.name)))
 			}
 			o.ObserveFloat64(t.oldestPending, tool.OldestPending.Seconds(), metric.WithAttributes(namespace, AttrTool.String(tool.Tool)))
+			var paused int64
+			if tool.Paused {
+				paused = 1
+			}
+			o.ObserveInt64(t.toolPaused, paused, metric.WithAttributes(namespace, AttrTool.String(tool.Tool)))
 		}
 	}
 	return nil

@@ -80,6 +80,11 @@ const (
 	// asked to slow down) or "limited" (its limit on calls in flight or its
 	// rate). Unit {claim}.
 	MetricClaimsHeld = "pgonce.claim.held"
+	// MetricToolPaused is 1 for each tool an operator paused and 0 for
+	// every other tool the elected dispatcher serves, by db.namespace and
+	// pgonce.tool, reported as [MetricKeyCount] is: its sum is the number
+	// of paused tools. Unit {tool}.
+	MetricToolPaused = "pgonce.tool.paused"
 )
 
 // Attribute keys of pgonce's spans and metrics.
@@ -140,6 +145,7 @@ type Telemetry struct {
 	recordSize     metric.Int64Histogram
 	keyCount       metric.Int64ObservableUpDownCounter
 	oldestPending  metric.Float64ObservableGauge
+	toolPaused     metric.Int64ObservableGauge
 
 	// gauges holds, by schema, the readings for keyCount and
 	// oldestPending of the dispatchers of this process that lead.
@@ -215,11 +221,15 @@ func New(config Config) (*Telemetry, error) {
 		metric.WithDescription("How long the oldest due pending key of each tool has waited, as the elected pgonce dispatcher reads it.")); err != nil {
 		errs = append(errs, fmt.Errorf("telemetry: %s: %w", MetricOldestPending, err))
 	}
+	if tel.toolPaused, err = meter.Int64ObservableGauge(MetricToolPaused, metric.WithUnit("{tool}"),
+		metric.WithDescription("1 for each tool an operator paused, 0 for the others, as the elected pgonce dispatcher reads them.")); err != nil {
+		errs = append(errs, fmt.Errorf("telemetry: %s: %w", MetricToolPaused, err))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	tel.gauges = map[string]*observe.Gauges{}
-	if _, err := meter.RegisterCallback(tel.observeGauges, tel.keyCount, tel.oldestPending); err != nil {
+	if _, err := meter.RegisterCallback(tel.observeGauges, tel.keyCount, tel.oldestPending, tel.toolPaused); err != nil {
 		return nil, fmt.Errorf("telemetry: gauges: %w", err)
 	}
 	tel.tools.Store(&map[string]*toolTelemetry{})

@@ -24,20 +24,6 @@ import (
 	"github.com/pgonce/pgonce/internal/store"
 )
 
-// Delivery says how a tool's outcome is made certain after an attempt whose
-// outcome is unknown.
-type Delivery int
-
-// Deliveries, as outbox's IdempotentByKey, LookupByNaturalID and AtMostOnce.
-const (
-	// ByKey: the provider deduplicates on the key.
-	ByKey Delivery = iota
-	// ByLookup: the provider can be asked whether the action happened.
-	ByLookup
-	// AtMostOnce: neither; an uncertain attempt goes to review.
-	AtMostOnce
-)
-
 // Request is what a provider receives for one attempt.
 type Request struct {
 	Key       string
@@ -58,7 +44,7 @@ type Tool struct {
 	// Lookup, nil when the provider cannot look up, answers whether the
 	// action happened.
 	Lookup   func(ctx context.Context, req Request) (resp json.RawMessage, found bool, err error)
-	Delivery Delivery
+	Delivery store.Delivery
 	// KeyRetention is how long the provider remembers a key; zero is
 	// forever.
 	KeyRetention time.Duration
@@ -250,7 +236,7 @@ func (k Kind) String() string {
 }
 
 // storedState is the stored key state a final outcome leaves.
-func (k Kind) storedState() string {
+func (k Kind) storedState() store.State {
 	switch k {
 	case Succeeded:
 		return store.StateSucceeded
@@ -303,7 +289,7 @@ func (r *Runner) NewOutcome(a Attempt) Outcome {
 // left the effect unknown and the tool can look up, then the provider call
 // under [Config.CallTimeout]. It never panics: a provider that panics may
 // have acted before it did, so a panic is an uncertain outcome and follows
-// the tool's [Delivery] like any other. backoff gives the delay before
+// the tool's [store.Delivery] like any other. backoff gives the delay before
 // retry n (from 1); nil means none.
 func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) time.Duration) Outcome {
 	tool := a.Tool
@@ -337,7 +323,7 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 		out.Kind, out.Failure, out.Err, out.SlowDown = Failed, r.config.FailureBody(err), err, 0
 		return out
 	case Ambiguous:
-		if tool.Delivery == AtMostOnce {
+		if tool.Delivery == store.DeliveryAtMostOnce {
 			out.Err = err
 			return out.needsReview()
 		}
@@ -348,7 +334,7 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 }
 
 // Settlement is how an attempt after one whose outcome is unknown can
-// proceed, by the tool's [Delivery].
+// proceed, by the tool's [store.Delivery].
 type Settlement int
 
 // Settlements.
@@ -383,12 +369,12 @@ const (
 // failure to store (see [Config.FailureBody]) for [SettleFailed].
 func (r *Runner) Settle(ctx context.Context, a Attempt) (Settlement, json.RawMessage, error) {
 	tool := a.Tool
-	pastKeyWindow := tool.Delivery == ByKey && tool.KeyRetention > 0 &&
+	pastKeyWindow := tool.Delivery == store.DeliveryByKey && tool.KeyRetention > 0 &&
 		!a.FirstAttemptedAt.IsZero() && a.sinceFirstAttempt() > tool.KeyRetention
 	switch {
-	case tool.Delivery == AtMostOnce:
+	case tool.Delivery == store.DeliveryAtMostOnce:
 		return SettleReview, nil, errors.New("an earlier attempt's outcome is unknown, and an at-most-once tool is never tried again")
-	case tool.Delivery == ByLookup || (pastKeyWindow && tool.Lookup != nil):
+	case tool.Delivery == store.DeliveryByLookup || (pastKeyWindow && tool.Lookup != nil):
 		// Read before write: the earlier attempt may have acted.
 		resp, found, err := r.lookup(ctx, tool, &Op{Lookup: true, Request: a.Request, Delivery: tool.Delivery, MaxAttempts: a.MaxAttempts})
 		switch {
@@ -444,7 +430,7 @@ func (o Outcome) retry(a Attempt, backoff func(int) time.Duration, ambiguous boo
 	// never uses the key's last attempt up.
 	if a.MaxAttempts > 0 && a.Request.Attempt >= a.MaxAttempts && o.SlowDown <= 0 {
 		o.GaveUp = true
-		if ambiguous && a.Tool.Delivery != ByKey {
+		if ambiguous && a.Tool.Delivery != store.DeliveryByKey {
 			return o.needsReview()
 		}
 		o.Kind, o.Failure = Failed, failureBody(fmt.Errorf("gave up after %d attempts: %w", a.Request.Attempt, err))

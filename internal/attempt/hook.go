@@ -3,6 +3,8 @@ package attempt
 import (
 	"context"
 	"encoding/json"
+
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 // Op is one provider call or lookup as a [Tool.Wrap] hook sees it.
@@ -12,7 +14,7 @@ type Op struct {
 	// Request is what the provider receives.
 	Request Request
 	// Delivery is the tool's delivery for this attempt.
-	Delivery Delivery
+	Delivery store.Delivery
 	// MaxAttempts is the attempt limit of the attempt; zero means none.
 	MaxAttempts int
 }
@@ -51,7 +53,7 @@ func (op *Op) Outcome(res CallResult, classify func(error) ErrorKind) string {
 			return OutcomeNotFound
 		case classify(res.Err) == Permanent:
 			return OutcomeFailed
-		case atLimit && op.Delivery != ByKey:
+		case atLimit && op.Delivery != store.DeliveryByKey:
 			return OutcomeNeedsReview
 		case atLimit:
 			return OutcomeFailed
@@ -67,7 +69,7 @@ func (op *Op) Outcome(res CallResult, classify func(error) ErrorKind) string {
 		return OutcomeFailed
 	case Ambiguous:
 		switch {
-		case op.Delivery == AtMostOnce, atLimit && op.Delivery != ByKey:
+		case op.Delivery == store.DeliveryAtMostOnce, atLimit && op.Delivery != store.DeliveryByKey:
 			return OutcomeNeedsReview
 		case atLimit:
 			return OutcomeFailed

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgonce/pgonce/internal/store"
 )
 
 var (
@@ -40,11 +42,11 @@ func TestHookOutcomeAgreesWithRun(t *testing.T) {
 		}
 		return out.Kind.String()
 	}
-	for _, delivery := range []Delivery{ByKey, ByLookup, AtMostOnce} {
+	for _, delivery := range []store.Delivery{store.DeliveryByKey, store.DeliveryByLookup, store.DeliveryAtMostOnce} {
 		for _, answer := range []error{nil, errPermanent, errAmbiguous, errors.New("503")} {
 			for _, maxAttempts := range []int{0, 2} {
 				for _, lookup := range []bool{false, true} {
-					if lookup && delivery != ByLookup {
+					if lookup && delivery != store.DeliveryByLookup {
 						continue
 					}
 					name := fmt.Sprintf("Delivery%d/Err=%v/Max%d/Lookup=%t", delivery, answer, maxAttempts, lookup)

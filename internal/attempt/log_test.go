@@ -149,7 +149,7 @@ func TestRecordLogsWhatAnOperatorMustActOn(t *testing.T) {
 			require.Equal(t, "pgonce: key needs review; nothing runs until an operator resolves it", got[0].Message)
 			require.Equal(t, "refund", got[0].Attrs["tool"])
 			require.Contains(t, got[0].Attrs["error"], "failed outcome could not be recorded")
-			require.Equal(t, store.StateNeedsReview, bundle.get(t, outcomes[0].Key).State)
+			require.Equal(t, string(store.StateNeedsReview), bundle.get(t, outcomes[0].Key).State)
 		})
 
 		t.Run("AWriteWhoseReplyWasLostIsLoggedOnce", func(t *testing.T) {

@@ -95,9 +95,9 @@ func TestRecordReadsBackWhatALostReplyWrote(t *testing.T) {
 	require.Equal(t, 2, tries)
 	require.Equal(t, map[string]bool{outcomes[0].Key: true}, written, "the lost reply's write is ours; the taken-over key is not")
 
-	require.Equal(t, store.StateSucceeded, bundle.get(t, outcomes[0].Key).State)
+	require.Equal(t, string(store.StateSucceeded), bundle.get(t, outcomes[0].Key).State)
 	taken := bundle.get(t, outcomes[1].Key)
-	require.Equal(t, store.StateOpen, taken.State)
+	require.Equal(t, string(store.StateOpen), taken.State)
 	require.NotNil(t, taken.LeaseUntil, "still in flight")
 }
 
@@ -120,15 +120,15 @@ func TestRecordFallsBackRowByRowOnADataError(t *testing.T) {
 		row := bundle.get(t, o.Key)
 		switch {
 		case o.Key == bad:
-			require.Equal(t, store.StateNeedsReview, row.State, "never attempted again")
+			require.Equal(t, string(store.StateNeedsReview), row.State, "never attempted again")
 			require.NotNil(t, row.LastError)
 			require.Contains(t, *row.LastError, "succeeded outcome could not be recorded")
 			require.Contains(t, *row.LastError, "value out of range")
 		case o.Kind == Retry:
-			require.Equal(t, store.StateOpen, row.State)
+			require.Equal(t, string(store.StateOpen), row.State)
 			require.Nil(t, row.LeaseUntil, "pending")
 		default:
-			require.Equal(t, store.StateSucceeded, row.State, "outcome %d", i)
+			require.Equal(t, string(store.StateSucceeded), row.State, "outcome %d", i)
 		}
 	}
 }
@@ -166,7 +166,7 @@ func TestRecordLeavesInFlightWhatFailsForAnotherReason(t *testing.T) {
 	require.ErrorContains(t, err, "SQLSTATE P0001")
 	require.Equal(t, map[string]bool{outcomes[0].Key: true, outcomes[2].Key: true}, written)
 	row := bundle.get(t, bad)
-	require.Equal(t, store.StateOpen, row.State)
+	require.Equal(t, string(store.StateOpen), row.State)
 	require.NotNil(t, row.LeaseUntil, "left in flight for the reconciler")
 }
 
@@ -228,7 +228,7 @@ func TestRecordWarnsOfAnOutcomeFencedOut(t *testing.T) {
 		require.Equal(t, "succeeded", record.Attrs["outcome"])
 	}
 	require.Equal(t, 2, bundle.get(t, outcomes[1].Key).Attempt)
-	require.Equal(t, store.StateOpen, bundle.get(t, outcomes[2].Key).State)
+	require.Equal(t, string(store.StateOpen), bundle.get(t, outcomes[2].Key).State)
 }
 
 // TestRecordWritesALargeOutcomeAlone: a large outcome is written alone,
@@ -259,17 +259,17 @@ func TestRecordWritesALargeOutcomeAlone(t *testing.T) {
 		written, err := bundle.runner.Record(ctx, outcomes)
 		recorded <- recordedOutcomes{written, err}
 	}()
-	for bundle.get(t, outcomes[0].Key).State != store.StateSucceeded {
+	for bundle.get(t, outcomes[0].Key).State != string(store.StateSucceeded) {
 		select {
 		case got := <-recorded:
 			t.Fatalf("Record returned before the small outcome was seen written: %v, %v", got.written, got.err)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	require.Equal(t, store.StateOpen, bundle.get(t, outcomes[1].Key).State)
+	require.Equal(t, string(store.StateOpen), bundle.get(t, outcomes[1].Key).State)
 	require.NoError(t, lock.Rollback(ctx))
 	got := <-recorded
 	require.NoError(t, got.err)
 	require.Equal(t, map[string]bool{outcomes[0].Key: true, outcomes[1].Key: true}, got.written)
-	require.Equal(t, store.StateSucceeded, bundle.get(t, outcomes[1].Key).State)
+	require.Equal(t, string(store.StateSucceeded), bundle.get(t, outcomes[1].Key).State)
 }

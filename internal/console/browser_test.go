@@ -388,7 +388,8 @@ func testBrowser[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 // typed in the header's box (one), the key found clicked (two), and its
 // page shows every attempt. Then the denser list, a copy of a whole key,
 // several keys cancelled at once, the overview's windows, a run found
-// without its tenant, and a tombstone.
+// without its tenant, a tool paused and resumed from the overview, and a
+// tombstone.
 func browserFind[TTx any](t *testing.T, b *testBundle[TTx], browser *browser) {
 	t.Helper()
 	refund := b.gaveUp(t)
@@ -506,8 +507,31 @@ func browserFind[TTx any](t *testing.T, b *testBundle[TTx], browser *browser) {
 	browser.eval(t, `document.querySelector('input[name=outcome]:checked').value`, &checked)
 	require.Equal(t, "failed", checked, "a click on the label chooses its outcome")
 
+	// A tool paused from the overview's flow control, then resumed.
+	browser.navigate(t, b.server.URL+"/")
+	browser.clickAndLoad(t, `#flow a.tool-action[href="/tools/refund/pause"]`)
+	browser.typeInto(t, "#by", "ana")
+	browser.typeInto(t, "#reason", "the payment provider's incident")
+	browser.clickAndLoad(t, "#confirm")
+	require.Contains(t, browser.text(t, "#outcome"), "the tool is now paused")
+	tool, err := b.client.Tool(t.Context(), "refund")
+	require.NoError(t, err)
+	require.True(t, tool.Paused)
+	require.Equal(t, "ana", tool.PausedBy)
+	browser.navigate(t, b.server.URL+"/")
+	require.Contains(t, browser.text(t, "#flow"), "by ana: the payment provider's incident")
+	browser.screenshot(t, "overview-paused.png")
+	browser.clickAndLoad(t, `#flow a.tool-action[href="/tools/refund/resume"]`)
+	browser.typeInto(t, "#by", "ana")
+	browser.typeInto(t, "#reason", "the provider recovered")
+	browser.clickAndLoad(t, "#confirm")
+	require.Contains(t, browser.text(t, "#outcome"), "the tool is now not paused")
+	tool, err = b.client.Tool(t.Context(), "refund")
+	require.NoError(t, err)
+	require.False(t, tool.Paused)
+
 	// A tombstone says what it is and what it had.
-	_, err := pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(b.schema), pgoncetest.StoredKey(t, string(refund)), nil)
+	_, err = pgoncetest.Pool(t).Exec(t.Context(), pgoncetest.TombstoneStatement(b.schema), pgoncetest.StoredKey(t, string(refund)), nil)
 	require.NoError(t, err)
 	browser.navigate(t, b.server.URL+"/keys/"+string(refund))
 	require.Contains(t, browser.text(t, "#tombstone"), "This key is a tombstone.")

@@ -45,6 +45,9 @@ type Operator interface {
 	Resolve(ctx context.Context, key outbox.Key, resolution outbox.Resolution) (outbox.Result, error)
 	Cancel(ctx context.Context, key outbox.Key, params outbox.CancelParams) (outbox.Result, error)
 	Retry(ctx context.Context, key outbox.Key, params outbox.RetryParams) (outbox.Result, error)
+	Tools(ctx context.Context) ([]outbox.ToolStatus, error)
+	Pause(ctx context.Context, tool string, params outbox.PauseParams) (outbox.ToolStatus, error)
+	Resume(ctx context.Context, tool string, params outbox.ResumeParams) (outbox.ToolStatus, error)
 }
 
 // Config configures a console.
@@ -203,6 +206,8 @@ func New(ops Operator, config Config) (*Handler, error) {
 	h.mux.HandleFunc("GET /keys/{key}/raw/{part}", h.raw)
 	h.mux.HandleFunc("GET /keys/{key}/{action}", h.confirm)
 	h.mux.HandleFunc("POST /keys/{key}/{action}", h.act)
+	h.mux.HandleFunc("GET /tools/{tool}/{action}", h.toolConfirm)
+	h.mux.HandleFunc("POST /tools/{tool}/{action}", h.toolAct)
 	return h, nil
 }
 

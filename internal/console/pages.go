@@ -68,7 +68,7 @@ func (h *Handler) parseTemplates() error {
 		"outcome":  outcomeName,
 	}
 	h.pages = make(map[string]*template.Template)
-	for _, name := range []string{"overview", "keys", "search", "run", "key", "confirm", "bulk", "result", "error"} {
+	for _, name := range []string{"overview", "keys", "search", "run", "key", "confirm", "bulk", "result", "error", "toolconfirm", "toolresult"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/parts.html", "templates/"+name+".html")
 		if err != nil {
 			return err
@@ -281,6 +281,12 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		l, _ := keysLink("", state, time.Time{}, h.config.NowFunc())
 		return l
 	}
+	statuses, err := h.ops.Tools(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	flow := flowRows(statuses, tools, h.config.NowFunc())
 	h.render(w, r, http.StatusOK, "overview", "Overview", struct {
 		Windows []overviewWindow
 		Window  overviewWindow
@@ -292,10 +298,11 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		Partial bool
 		Links   map[string]string
 		Max     int
+		Flow    []flowRow
 	}{overviewWindows, window, overviewStates, rows, stats, at, since, partial, map[string]string{
 		"pending": link(outbox.StatePending), "in_flight": link(outbox.StateInFlight),
 		"needs_review": link(outbox.StateNeedsReview), "expired": link(outbox.StateExpired),
-	}, outbox.CountCreatedMax})
+	}, outbox.CountCreatedMax, flow})
 }
 
 type keysFilter struct {

@@ -248,6 +248,47 @@ func (q *Queries) ToolActionList(ctx context.Context, db DBTX, arg *ToolActionLi
 	return items, nil
 }
 
+const toolForget = `-- name: ToolForget :many
+DELETE FROM /* TEMPLATE: schema */pgonce_tool
+WHERE pgonce_tool.tool = any($1::text[])
+    AND pgonce_tool.max_in_flight IS NULL
+    AND pgonce_tool.rate IS NULL
+    AND pgonce_tool.paused_at IS NULL
+    AND coalesce(pgonce_tool.not_before <= coalesce($2::timestamptz, clock_timestamp()), true)
+RETURNING pgonce_tool.tool
+`
+
+type ToolForgetParams struct {
+	Tools []string
+	Now   *time.Time
+}
+
+// ToolForget deletes the control rows of the given tools that control
+// nothing any more: no limit, no pause, and a not_before that has passed
+// (a slow-down that ended). Their keys return to the plain claim, which
+// never reads pgonce_tool. It runs in the transaction of a controlled claim
+// after ToolLock, which holds the rows: a slow-down that a provider asks
+// for meanwhile waits for the lock and then inserts a new row.
+func (q *Queries) ToolForget(ctx context.Context, db DBTX, arg *ToolForgetParams) ([]string, error) {
+	rows, err := db.Query(ctx, toolForget, arg.Tools, arg.Now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var tool string
+		if err := rows.Scan(&tool); err != nil {
+			return nil, err
+		}
+		items = append(items, tool)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const toolList = `-- name: ToolList :many
 
 SELECT

@@ -22,10 +22,18 @@ import (
 // submits before its dispatchers start.
 const drainKeysEnv = "PGONCE_BENCH_DRAIN_KEYS"
 
+// drainLimitEnv, when set, gives the drained tool flow control that does
+// not bind: a limit of this many calls in flight and this many calls per
+// second (burst as many), so that the drain measures what the controlled
+// claim costs over the plain one.
+const drainLimitEnv = "PGONCE_BENCH_DRAIN_LIMIT"
+
 // BenchmarkDrainProcesses measures how fast 1, 2, 4 and 8 dispatcher
 // processes (each with the campaign's dispatcher configuration) drain a
 // backlog of keyed calls whose provider writes a ledger row: the scale note
-// of docs/topologies.md. Run it with `make bench-drain`.
+// of docs/topologies.md. Run it with `make bench-drain`; with
+// PGONCE_BENCH_DRAIN_LIMIT=N the drained tool has a limit of N in flight
+// and N per second, which a drain does not reach when N is large.
 func BenchmarkDrainProcesses(b *testing.B) {
 	keys := 5000
 	if n, err := strconv.Atoi(os.Getenv(drainKeysEnv)); err == nil && n > 0 {
@@ -56,6 +64,11 @@ func drainOnce(b *testing.B, processes, keys int) time.Duration {
 	require.NoError(b, err)
 	client, err := outbox.NewPgx(pool, outbox.Config{Schema: schema, Registry: registry, NotifyDisabled: true})
 	require.NoError(b, err)
+	if n, err := strconv.Atoi(os.Getenv(drainLimitEnv)); err == nil && n > 0 {
+		_, err := client.SetToolLimits(ctx, faults.ToolKeyed, outbox.ToolLimits{MaxInFlight: n, Rate: float64(n), Burst: n},
+			outbox.LimitParams{By: "bench", Reason: "a limit that does not bind"})
+		require.NoError(b, err)
+	}
 	submitted := make([]outbox.Key, 0, keys)
 	for start := 0; start < keys; start += 1000 {
 		require.NoError(b, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

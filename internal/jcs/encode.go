@@ -22,7 +22,7 @@ var (
 // would silently change (invalid UTF-8) or refuse without a path (NaN, ±Inf),
 // then marshalled by encoding/json. The text need not be canonical: it is
 // parsed again.
-func (st *State) encode(dst []byte, v any, depth int) ([]byte, error) {
+func (st *Buffer) encode(dst []byte, v any, depth int) ([]byte, error) {
 	if len(dst) > MaxBytes {
 		return dst, errTooLarge()
 	}

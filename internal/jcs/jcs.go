@@ -70,9 +70,9 @@ func Canonicalize(v any, numbers Numbers) ([]byte, error) {
 	return bytes.Clone(out), nil
 }
 
-// State holds the reusable buffers of one canonicalisation. It is not safe
-// for concurrent use; take one with [Get] per call and [State.Release] it.
-type State struct {
+// Buffer holds the reusable memory of one canonicalisation. It is not safe
+// for concurrent use; take one with [Get] per call and [Buffer.Release] it.
+type Buffer struct {
 	// Frame is scratch space for the caller (outbox frames key hashes in
 	// it), kept with the state's other buffers.
 	Frame []byte
@@ -85,18 +85,18 @@ type State struct {
 	digits  []byte   // strict number check
 }
 
-// member is one object member written to State.out as `"name":value`
+// member is one object member written to Buffer.out as `"name":value`
 // at out[start:end]; name is its unescaped name.
 type member struct {
 	name       []byte
 	start, end int
 }
 
-var statePool = sync.Pool{New: func() any { return new(State) }}
+var statePool = sync.Pool{New: func() any { return new(Buffer) }}
 
-// Get returns a State from a pool.
-func Get() *State {
-	st, _ := statePool.Get().(*State)
+// Get returns a Buffer from a pool.
+func Get() *Buffer {
+	st, _ := statePool.Get().(*Buffer)
 	st.members = st.members[:0]
 	return st
 }
@@ -106,7 +106,7 @@ func Get() *State {
 const stateKeepBytes = 64 << 10
 
 // Release returns st to the pool. Results st returned are invalid after.
-func (st *State) Release() {
+func (st *Buffer) Release() {
 	if cap(st.text) > stateKeepBytes || cap(st.out) > stateKeepBytes ||
 		cap(st.scratch) > stateKeepBytes || cap(st.Frame) > stateKeepBytes {
 		return
@@ -118,7 +118,7 @@ func (st *State) Release() {
 
 // Canonicalize writes the canonical form of v into the state's buffer and
 // returns it. The result is valid until st is used again or released.
-func (st *State) Canonicalize(v any, numbers Numbers) ([]byte, error) {
+func (st *Buffer) Canonicalize(v any, numbers Numbers) ([]byte, error) {
 	st.strict = numbers == NumbersExact
 
 	var text []byte

@@ -9,7 +9,7 @@ import (
 
 // parser is a strict JSON parser that writes canonical output as it goes.
 type parser struct {
-	st   *State
+	st   *Buffer
 	data []byte
 	pos  int
 }

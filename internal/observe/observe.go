@@ -52,6 +52,8 @@ type ToolGauges struct {
 	// OldestPending is how long the tool's oldest due pending key has
 	// waited; zero when none waits.
 	OldestPending time.Duration
+	// Paused reports that an operator paused the tool.
+	Paused bool
 }
 
 // Claim is one claim batch.

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgonce/pgonce/internal/ident"
+	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/migrations"
 )
 
@@ -311,8 +312,8 @@ func WorkNotifications(tb testing.TB, schema string, fn func()) int {
 // form k1_<hex> spells, for tests that read or edit pgonce_key by hand.
 func StoredKey(tb testing.TB, key string) []byte {
 	tb.Helper()
-	digest, err := hex.DecodeString(strings.TrimPrefix(key, "k1_"))
-	if err != nil || len(digest) != 32 || !strings.HasPrefix(key, "k1_") {
+	digest, err := hex.DecodeString(strings.TrimPrefix(key, store.KeyPrefix))
+	if err != nil || len(digest) != 32 || !strings.HasPrefix(key, store.KeyPrefix) {
 		tb.Fatalf("%q is not a well-formed key", key)
 	}
 	return digest

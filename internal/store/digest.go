@@ -7,12 +7,13 @@ import (
 
 // The key table stores keys, scopes and fingerprints as their 32-byte
 // digests; the rest of pgonce speaks their text forms (KEYSPEC.md): a key is
-// keyPrefix followed by the digest in lower-case hex, a scope or fingerprint
+// KeyPrefix followed by the digest in lower-case hex, a scope or fingerprint
 // is the digest in lower-case hex. Conversions between the two happen here
 // and nowhere else.
 
-// keyPrefix starts the text form of a version 1 key, the only version.
-const keyPrefix = "k1_"
+// KeyPrefix starts the text form of a version 1 key, the only version.
+// outbox exports it as outbox.KeyPrefix.
+const KeyPrefix = "k1_"
 
 // digestSize is the size of a stored key, scope or fingerprint.
 const digestSize = 32
@@ -21,7 +22,7 @@ const digestSize = 32
 // that is not a well-formed key: nil matches no row, and the table refuses
 // it as a new key.
 func keyDigest(key string) []byte {
-	digest, ok := strings.CutPrefix(key, keyPrefix)
+	digest, ok := strings.CutPrefix(key, KeyPrefix)
 	if !ok {
 		return nil
 	}
@@ -29,7 +30,7 @@ func keyDigest(key string) []byte {
 }
 
 // keyText returns the text form of a stored key.
-func keyText(digest []byte) string { return keyPrefix + hex.EncodeToString(digest) }
+func keyText(digest []byte) string { return KeyPrefix + hex.EncodeToString(digest) }
 
 // hexDigest returns the stored form of a scope's or fingerprint's text form,
 // or nil for text that is not 64 hex digits. The empty text is nil: a

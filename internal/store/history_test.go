@@ -117,12 +117,12 @@ func TestAttemptHistory(t *testing.T) {
 			expired, err := s.Expire(ctx, 100, at(24*time.Hour))
 			require.NoError(t, err)
 			require.Equal(t, int64(3), expired)
-			for key, state := range map[string]string{first.Key: store.StateSucceeded, refund.Key: store.StateFailed, lost.Key: store.StateSucceeded} {
+			for key, state := range map[string]store.State{first.Key: store.StateSucceeded, refund.Key: store.StateFailed, lost.Key: store.StateSucceeded} {
 				require.Zero(t, rows(key))
 				var kept string
 				require.NoError(t, pgoncetest.Pool(t).QueryRow(ctx, `SELECT expired_state::text FROM `+ident.Quote(s.Schema)+
 					`.pgonce_key WHERE key = $1 AND state = 'expired'`, pgoncetest.StoredKey(t, key)).Scan(&kept))
-				require.Equal(t, state, kept)
+				require.Equal(t, string(state), kept)
 			}
 		})
 	}

@@ -11,24 +11,6 @@ import (
 	"github.com/pgonce/pgonce/internal/dbpgx"
 )
 
-// Stored key states.
-const (
-	StateOpen        = "open"
-	StateSucceeded   = "succeeded"
-	StateFailed      = "failed"
-	StateNeedsReview = "needs_review"
-	StateExpired     = "expired"
-	StateCancelled   = "cancelled"
-)
-
-// Stored delivery modes: NULL (0 here) is by key, the common mode, which
-// costs no byte.
-const (
-	DeliveryByKey      = 0
-	DeliveryByLookup   = 1
-	DeliveryAtMostOnce = 2
-)
-
 // NewKey is a key claim for [Executor.KeyInsert]. Keys and scopes are passed
 // in their text form.
 type NewKey struct {
@@ -48,7 +30,7 @@ type NewKey struct {
 	// Delivery is one of the Delivery constants, and KeyRetention the
 	// provider's key retention (zero: never forgets), as the tool had them
 	// at submit.
-	Delivery     int
+	Delivery     Delivery
 	KeyRetention time.Duration
 	// NotBefore and Delay, when set, make a pending key due no earlier than
 	// NotBefore and no earlier than Delay after the insert.
@@ -108,7 +90,7 @@ type KeyRow struct {
 	// Metadata is the call's stored metadata, nil when it had none.
 	Metadata []byte
 	// Delivery and KeyRetention are the tool's settings at submit.
-	Delivery     int
+	Delivery     Delivery
 	KeyRetention time.Duration
 	// Now is the database's clock at the read.
 	Now time.Time
@@ -136,7 +118,7 @@ type ClaimedKey struct {
 	Metadata  []byte
 	// Delivery and KeyRetention, the tool's settings at submit, are set for
 	// a reclaimed key only.
-	Delivery     int
+	Delivery     Delivery
 	KeyRetention time.Duration
 	// AvailableAt is when the key became due; set by ClaimBatch only.
 	AvailableAt time.Time
@@ -188,7 +170,7 @@ type Outcome struct {
 	Scope   string
 	Attempt int
 	// State is StateSucceeded, StateFailed or StateNeedsReview.
-	State     string
+	State     State
 	Response  []byte
 	Failure   []byte
 	Retention time.Duration
@@ -398,7 +380,7 @@ func (s *Store) ReclaimExpired(ctx context.Context, p *ReclaimExpiredParams) ([]
 				NaturalID:        row.NaturalID,
 				Args:             row.Args,
 				Metadata:         row.Metadata,
-				Delivery:         int(deref(row.Delivery)),
+				Delivery:         Delivery(deref(row.Delivery)),
 				KeyRetention:     time.Duration(deref(row.KeyRetentionMs)) * time.Millisecond,
 				Now:              row.Now,
 			})
@@ -420,7 +402,7 @@ func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
 		params.Key = append(params.Key, keyDigest(o.Key))
 		params.Scope = append(params.Scope, hexDigest(o.Scope))
 		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
-		params.State = append(params.State, o.State)
+		params.State = append(params.State, string(o.State))
 		params.Response = append(params.Response, o.Response)
 		params.Failure = append(params.Failure, o.Failure)
 		params.RetentionMs = append(params.RetentionMs, o.Retention.Milliseconds())
@@ -626,6 +608,54 @@ func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
 	})
 }
 
+// SettleReviewParams are the parameters of [Store.SettleReview].
+type SettleReviewParams struct {
+	// Outcome is the late outcome: its key, the attempt whose provider
+	// answered, and a State of StateSucceeded or StateFailed.
+	Outcome Outcome
+	// ReviewReason is the error the reconciler's review gave.
+	ReviewReason       string
+	TombstoneRetention time.Duration
+	// ResolvedBy and Reason are recorded with the settlement.
+	ResolvedBy string
+	Reason     string
+	// Channel, when not empty, is notified with the settled key.
+	Channel string
+	Now     *time.Time
+}
+
+// SettleReview records p.Outcome, fenced out by the reconciler's takeover
+// of its attempt, on a key the reconciler sent to review for want of it (or
+// holds still, undecided), and records the settlement; see KeySettleReview
+// in queries/resolution.sql. It reports whether the key was settled: false
+// leaves any other key as it was.
+func (s *Store) SettleReview(ctx context.Context, p *SettleReviewParams) (bool, error) {
+	var settled bool
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		_, err := q.KeySettleReview(ctx, db, &dbpgx.KeySettleReviewParams{
+			State:        string(p.Outcome.State),
+			Response:     p.Outcome.Response,
+			Failure:      p.Outcome.Failure,
+			LastError:    p.Outcome.LastError,
+			Now:          p.Now,
+			RetentionMs:  p.Outcome.Retention.Milliseconds(),
+			TombstoneMs:  p.TombstoneRetention.Milliseconds(),
+			Key:          keyDigest(p.Outcome.Key),
+			Attempt:      int32(p.Outcome.Attempt), //nolint:gosec // attempts stay small
+			ReviewReason: p.ReviewReason,
+			ResolvedBy:   p.ResolvedBy,
+			Reason:       p.Reason,
+			Channel:      p.Channel,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		settled = err == nil
+		return err
+	})
+	return settled, err
+}
+
 // ResolutionsByKey returns the recorded decisions on key, oldest first.
 func (s *Store) ResolutionsByKey(ctx context.Context, key string) ([]*Resolution, error) {
 	var resolutions []*Resolution
@@ -731,7 +761,7 @@ func keyRowFromGet(row *dbpgx.KeyGetRow) *KeyRow {
 		AvailableAt:  row.AvailableAt,
 		LeaseUntil:   row.LeaseUntil,
 		Metadata:     row.Metadata,
-		Delivery:     int(deref(row.Delivery)),
+		Delivery:     Delivery(deref(row.Delivery)),
 		KeyRetention: time.Duration(deref(row.KeyRetentionMs)) * time.Millisecond,
 		Now:          row.Now,
 	}
@@ -756,7 +786,7 @@ func keyInsertParams(k *NewKey) *dbpgx.KeyInsertParams {
 		Replicated:  k.ReplicatedClaim && k.Lease > 0,
 	}
 	if k.Delivery != DeliveryByKey {
-		delivery := int16(k.Delivery) //nolint:gosec // one of the Delivery constants
+		delivery := int16(k.Delivery) //nolint:gosec // one of the Delivery values
 		params.Delivery = &delivery
 	}
 	if k.KeyRetention > 0 {

@@ -129,11 +129,11 @@ func estimateFinished(table *dbpgx.StatsKeyTableRow, fractions []*dbpgx.StatsToo
 			toolRows = f * rows
 		}
 		if succeeded := int64(math.Round(toolRows)) - listedByTool[tool]; succeeded > 0 {
-			counts = append(counts, &StateCount{Tool: tool, State: StateSucceeded, Keys: succeeded})
+			counts = append(counts, &StateCount{Tool: tool, State: string(StateSucceeded), Keys: succeeded})
 		}
 	}
 	if tombstones := int64(math.Round(table.ToolNullFraction * rows)); tombstones > 0 {
-		counts = append(counts, &StateCount{State: StateExpired, Keys: tombstones})
+		counts = append(counts, &StateCount{State: string(StateExpired), Keys: tombstones})
 	}
 	return counts
 }

@@ -82,7 +82,7 @@ func TestOperations(t *testing.T) {
 
 				row, err = exec.KeyGet(ctx, key.Key, nil)
 				require.NoError(t, err)
-				require.Equal(t, store.StateOpen, row.State)
+				require.Equal(t, string(store.StateOpen), row.State)
 				require.Equal(t, "refund", row.Tool)
 				args, err := s.Args(ctx, key.Key)
 				require.NoError(t, err)
@@ -138,12 +138,12 @@ func TestOperations(t *testing.T) {
 
 				row, err := exec.KeyGet(ctx, key.Key, nil)
 				require.NoError(t, err)
-				require.Equal(t, store.StateSucceeded, row.State)
+				require.Equal(t, string(store.StateSucceeded), row.State)
 				require.JSONEq(t, `{"ok":true}`, string(row.Response))
 
 				counts, err := s.CountByToolAndState(ctx)
 				require.NoError(t, err)
-				require.Contains(t, counts, &store.StateCount{Tool: "refund", State: store.StateSucceeded, Keys: 1})
+				require.Contains(t, counts, &store.StateCount{Tool: "refund", State: string(store.StateSucceeded), Keys: 1})
 			})
 		})
 	}

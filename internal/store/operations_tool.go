@@ -233,7 +233,10 @@ type ToolBudget struct {
 // It locks the tools' control rows in a transaction of its own, so that
 // the claims of one tool, by any dispatcher, take their budget one after
 // the other. It returns the claimed keys and the tools' budgets as the
-// claim found them.
+// claim found them. A tool of Tools that has no budget in the result has no
+// control row any more (cleared, or forgotten by this claim because it
+// controls nothing: no limit, no pause, a slow-down that ended): its keys
+// are for the plain claim.
 func (s *Store) ClaimControlled(ctx context.Context, p *ClaimBatchParams) ([]*ClaimedKey, []ToolBudget, error) {
 	var (
 		claimed []*ClaimedKey
@@ -246,8 +249,29 @@ func (s *Store) ClaimControlled(ctx context.Context, p *ClaimBatchParams) ([]*Cl
 			if err != nil {
 				return err
 			}
-			budgets = make([]ToolBudget, 0, len(locked))
+			var idle []string
 			for _, row := range locked {
+				if row.MaxInFlight == nil && row.Rate == nil && !row.Paused && (row.NotBefore == nil || !row.NotBefore.After(row.Now)) {
+					idle = append(idle, row.Tool)
+				}
+			}
+			forgotten := map[string]bool{}
+			if len(idle) > 0 {
+				gone, err := s.queries.ToolForget(ctx, db, &dbpgx.ToolForgetParams{Tools: idle, Now: p.Now})
+				if err != nil {
+					return err
+				}
+				for _, tool := range gone {
+					forgotten[tool] = true
+				}
+			}
+			budgets = make([]ToolBudget, 0, len(locked))
+			tools := make([]string, 0, len(locked))
+			for _, row := range locked {
+				if forgotten[row.Tool] {
+					continue
+				}
+				tools = append(tools, row.Tool)
 				b := ToolBudget{Tool: row.Tool, Paused: row.Paused, NotBefore: row.NotBefore, Waiting: row.Waiting, Now: row.Now}
 				if row.MaxInFlight != nil {
 					b.MaxInFlight = int(*row.MaxInFlight)
@@ -261,12 +285,12 @@ func (s *Store) ClaimControlled(ctx context.Context, p *ClaimBatchParams) ([]*Cl
 				}
 				budgets = append(budgets, b)
 			}
-			if len(locked) == 0 {
+			if len(tools) == 0 {
 				return nil
 			}
 			rows, err := s.queries.OutboxClaimControlled(ctx, db, &dbpgx.OutboxClaimControlledParams{
 				Now:             p.Now,
-				Tools:           p.Tools,
+				Tools:           tools,
 				ReplicatedTools: p.ReplicatedTools,
 				MaxRows:         int32(p.Max), //nolint:gosec // bounded by the caller's batch size
 				LeaseMs:         p.Lease.Milliseconds(),

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"maps"
 	"testing"
 	"time"
 
@@ -158,6 +159,42 @@ func testGauges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	stats, err = client.Stats(t.Context())
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, stats.OldestPendingByTool["refund"].Seconds(), lastAge)
+
+	// A paused tool reads 1, the others 0. A reading goes stale within
+	// three maintenance intervals of the pass that took it, and leadership
+	// may move between the processes: the readings of both are merged, as
+	// a backend would sum them.
+	both := func() map[string]int64 {
+		reading := readPaused(t, first)
+		maps.Copy(reading, readPaused(t, second))
+		return reading
+	}
+	require.Eventually(t, func() bool {
+		return maps.Equal(both(), map[string]int64{"refund": 0, "email": 0})
+	}, time.Minute, 5*time.Millisecond)
+	_, err = client.Pause(t.Context(), "email", outbox.PauseParams{By: "alice", Reason: "provider incident"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return maps.Equal(both(), map[string]int64{"refund": 0, "email": 1})
+	}, time.Minute, 5*time.Millisecond)
+	_, err = client.Resume(t.Context(), "email", outbox.ResumeParams{By: "alice"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return maps.Equal(both(), map[string]int64{"refund": 0, "email": 0})
+	}, time.Minute, 5*time.Millisecond)
+}
+
+// readPaused is what one reader saw of the paused-tools gauge, by tool.
+func readPaused(t *testing.T, bundle *testBundle) map[string]int64 {
+	t.Helper()
+	reading := map[string]int64{}
+	if data, ok := metricsNamed(t, bundle, telemetry.MetricToolPaused).(metricdata.Gauge[int64]); ok {
+		for _, dp := range data.DataPoints {
+			require.Equal(t, bundle.schema, value(dp.Attributes, "db.namespace"))
+			reading[value(dp.Attributes, telemetry.AttrTool)] = dp.Value
+		}
+	}
+	return reading
 }
 
 func equalReadings(a, b gaugeReading) bool {
