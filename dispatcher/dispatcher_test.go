@@ -32,6 +32,9 @@ type ledger struct {
 	// call returns. nil: act and succeed.
 	actFunc func(req outbox.Request) (act bool, err error)
 	lookups atomic.Int64
+	// dedup makes the ledger deduplicate on the key, as a provider of an
+	// IdempotentByKey tool does: a repeated key acts no more.
+	dedup bool
 }
 
 func newLedger() *ledger {
@@ -46,7 +49,7 @@ func (l *ledger) Call(_ context.Context, req outbox.Request) (json.RawMessage, e
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.calls[req.Key]++
-	if act {
+	if act && (!l.dedup || l.effects[req.Key] == 0) {
 		l.effects[req.Key]++
 	}
 	if err != nil {
@@ -215,6 +218,7 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	t.Run("ThreeDispatchersDrainEachRowOnce", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t, driver)
+		bundle.ledger.dedup = true
 
 		const rows = 3000
 		keys := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, rows))
@@ -233,15 +237,76 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 			return err == nil && open == 0
 		}, 2*time.Minute, 10*time.Millisecond)
 
+		// Effects, not calls: on a busy machine a key may be presented again
+		// (its outcome's record failed, or its lease ran out first), which
+		// a provider that deduplicates on the key survives. What must hold
+		// is one effect per key, and no more calls than the key's attempts
+		// (a requeue takes an attempt without a call): no two dispatchers
+		// ran the same attempt.
+		attempts := map[string]int{}
+		claims, err := pgoncetest.Pool(t).Query(t.Context(),
+			`SELECT key, attempt FROM "`+bundle.schema+`".pgonce_key`)
+		require.NoError(t, err)
+		for claims.Next() {
+			var (
+				stored  []byte
+				attempt int
+			)
+			require.NoError(t, claims.Scan(&stored, &attempt))
+			attempts[string(stored)] = attempt
+		}
+		require.NoError(t, claims.Err())
 		for _, key := range keys {
 			calls, effects := bundle.ledger.count(key)
-			require.Equal(t, 1, calls, "key %s", key)
 			require.Equal(t, 1, effects, "key %s", key)
+			require.Positive(t, calls, "key %s", key)
+			require.LessOrEqual(t, calls, attempts[string(pgoncetest.StoredKey(t, string(key)))], "key %s: a call per attempt at most", key)
 		}
 		var outboxRows int
 		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
 			`SELECT count(*) FROM "`+bundle.schema+`".pgonce_key WHERE state = 'open'`).Scan(&outboxRows))
 		require.Zero(t, outboxRows)
+	})
+
+	t.Run("ClaimsAndLeasesByTheClientsClock", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// The client's clock is an hour ahead of the database's: its submit
+		// makes the key due an hour from now by the database's clock. The
+		// dispatcher claims by the client's clock, as the reconciler
+		// resolves by it, so that a test that moves the clock moves every
+		// window alike.
+		const ahead = time.Hour
+		leaseLeft := make(chan float64, 1)
+		provider := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			var left float64
+			err := pgoncetest.Pool(t).QueryRow(ctx, `SELECT extract(epoch FROM lease_until - pg_catalog.now())::float8
+				FROM "`+bundle.schema+`".pgonce_key WHERE key = $1`, pgoncetest.StoredKey(t, string(req.Key))).Scan(&left)
+			if err != nil {
+				return nil, err
+			}
+			select {
+			case leaseLeft <- left:
+			default:
+			}
+			return bundle.ledger.Call(ctx, req)
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
+		client := driver.Client(t, outbox.Config{
+			Schema: bundle.schema, Registry: registry,
+			NowFunc: func() time.Time { return time.Now().Add(ahead) },
+		})
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, client, "refund", 1)
+		awaitState(t, client, key, outbox.StateSucceeded)
+		left := <-leaseLeft
+		require.Greater(t, left, ahead.Seconds(), "the lease runs from the client's clock")
+		_, effects := bundle.ledger.count(key)
+		require.Equal(t, 1, effects)
 	})
 
 	t.Run("RetriesWithBackoffReachSuccess", func(t *testing.T) {

@@ -208,8 +208,11 @@ func TestRunPlanAtOneMillionKeys(t *testing.T) {
 
 	registry := outbox.NewRegistry()
 	require.NoError(t, registry.Register("refund", &recordingProvider{}, outbox.IdempotentByKey))
+	// The subtests run in contexts of their own: the setup's may have run
+	// out while they waited for a parallel slot on a busy machine.
 	check := func(t *testing.T, traced *pgxpool.Pool, tracer *statsTracer, runFunc func(outbox.RunParams) (outbox.RunResult, error)) {
 		t.Helper()
+		ctx := t.Context()
 		res, err := runFunc(outbox.RunParams{RunID: "run-5000", Limit: outbox.RunLimitMax})
 		require.NoError(t, err)
 		require.Zero(t, res.NextStep)
@@ -231,14 +234,14 @@ func TestRunPlanAtOneMillionKeys(t *testing.T) {
 	}
 	t.Run(drivertest.NamePgx, func(t *testing.T) {
 		t.Parallel()
-		traced, tracer := tracedPool(t, ctx)
+		traced, tracer := tracedPool(t, t.Context())
 		client := drivertest.Pgx().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
-		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.RunSteps(ctx, p) })
+		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.RunSteps(t.Context(), p) })
 	})
 	t.Run(drivertest.NameDatabaseSQL, func(t *testing.T) {
 		t.Parallel()
-		traced, tracer := tracedPool(t, ctx)
+		traced, tracer := tracedPool(t, t.Context())
 		client := drivertest.DatabaseSQL().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
-		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.RunSteps(ctx, p) })
+		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.RunSteps(t.Context(), p) })
 	})
 }
