@@ -108,26 +108,80 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	}
 	defer d.running.Unlock()
 
-	wake := make(chan struct{}, 1)
-	signal := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
+	r := &run{
+		wake:       make(chan struct{}, 1),
+		slots:      make(chan struct{}, d.config.Concurrency),
+		outcomes:   make(chan pendingOutcome, d.config.Concurrency),
+		claimRetry: claimRetryMin,
 	}
+	stopBackground := d.startBackground(ctx, r.signal)
+	defer stopBackground()
 
+	// Provider calls outlive ctx by up to ShutdownTimeout; hardStop ends
+	// them after that.
+	// Provider calls log (a panic, say) to the dispatcher's logger, as its
+	// records do.
+	r.callCtx, r.hardStop = context.WithCancel(attempt.WithLogger(context.WithoutCancel(ctx), d.logger))
+	defer r.hardStop()
+
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		d.record(r.outcomes)
+	}()
+
+	d.claimUntilDone(ctx, r)
+	d.finishCalls(r)
+	close(r.outcomes)
+	<-recorded
+	return nil
+}
+
+// run is the state one [Dispatcher.Run] shares between its claim loop and
+// the provider calls the loop starts.
+type run struct {
+	// wake is signalled when a slot frees or a notification arrives.
+	wake chan struct{}
+	// slots holds one token per provider call running or awaiting its
+	// record; its capacity is Concurrency.
+	slots   chan struct{}
+	workers sync.WaitGroup
+	// outcomes carries finished calls to the recorder.
+	outcomes chan pendingOutcome
+	// callCtx is the provider calls' context: it outlives Run's ctx until
+	// hardStop, at the end of ShutdownTimeout.
+	callCtx  context.Context
+	hardStop context.CancelFunc
+	// After a failed claim the next one comes sooner than PollInterval,
+	// backing off from claimRetryMin: a database that is back (or a fresh
+	// connection after a dead one) is used at once, not a poll later.
+	claimRetry time.Duration
+}
+
+// signal wakes the claim loop, or does nothing when a wake-up is pending.
+func (r *run) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// startBackground starts what runs beside the claim loop: the listener
+// for new work and, unless disabled, maintenance. The returned func stops
+// them and waits for them to end.
+func (d *Dispatcher[TTx]) startBackground(ctx context.Context, signal func()) (stop func()) {
 	var (
 		background sync.WaitGroup
 		trailing   *time.Timer
 	)
 	listenCtx, stopListening := context.WithCancel(ctx)
-	defer func() {
+	stop = func() {
 		stopListening()
 		background.Wait()
 		if trailing != nil {
 			trailing.Stop()
 		}
-	}()
+	}
 	d.warnSmallPool(ctx)
 	if !d.client.Config().NotifyDisabled {
 		trailing = d.startListener(listenCtx, &background, signal)
@@ -135,76 +189,27 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	if d.reconciler != nil {
 		background.Go(func() { d.maintain(listenCtx, d.reconciler) })
 	}
+	return stop
+}
 
-	// Provider calls outlive ctx by up to ShutdownTimeout; hardStop ends
-	// them after that.
-	// Provider calls log (a panic, say) to the dispatcher's logger, as its
-	// records do.
-	callCtx, hardStop := context.WithCancel(attempt.WithLogger(context.WithoutCancel(ctx), d.logger))
-	defer hardStop()
-
-	outcomes := make(chan pendingOutcome, d.config.Concurrency)
-	recorded := make(chan struct{})
-	go func() {
-		defer close(recorded)
-		d.record(outcomes)
-	}()
-
-	slots := make(chan struct{}, d.config.Concurrency)
-	var workers sync.WaitGroup
+// claimUntilDone claims due keys and starts their calls until ctx is done,
+// sleeping between claims until a slot frees, a notification arrives or
+// the poll interval passes.
+func (d *Dispatcher[TTx]) claimUntilDone(ctx context.Context, r *run) {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	lastUnservedCheck := time.Time{}
-	// After a failed claim the next one comes sooner than PollInterval,
-	// backing off from claimRetryMin: a database that is back (or a fresh
-	// connection after a dead one) is used at once, not a poll later.
-	claimRetry := claimRetryMin
 
 	// Claim when at least half a batch of slots is free, or when idle: every
 	// claim is a transaction of its own, and many small ones cost more than
 	// the calls they carry.
 	claimAt := max(1, min(d.config.BatchSize, d.config.Concurrency)/2)
 	for ctx.Err() == nil {
-		free := cap(slots) - len(slots)
+		free := cap(r.slots) - len(r.slots)
 		claimed := 0
 		wait := d.config.PollInterval
-		if free >= claimAt || free == cap(slots) {
-			attempts, controlWait, err := d.claim(ctx, min(free, d.config.BatchSize), claimAt)
-			wait = min(wait, controlWait)
-			if err == nil {
-				claimRetry = claimRetryMin
-			} else {
-				wait = min(wait, claimRetry)
-				claimRetry = min(2*claimRetry, claimRetryMax)
-			}
-			if err != nil && ctx.Err() == nil {
-				d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err, "retry_in", wait)
-			}
-			claimed = len(attempts)
-			for _, a := range attempts {
-				slots <- struct{}{}
-				workers.Add(1)
-				go func() {
-					defer workers.Done()
-					defer func() { <-slots; signal() }()
-					out := d.attempts.Run(callCtx, a, d.backoff)
-					if callCtx.Err() != nil {
-						// Cut off by the shutdown timeout: whether the
-						// provider acted is unknown, and the reconciler
-						// decides once the lease expires.
-						return
-					}
-					if out.SlowDown > 0 && d.throttle(callCtx, &out) {
-						return
-					}
-					// The slot is freed once the outcome is recorded, so that
-					// leases held without a recorded outcome never exceed
-					// Concurrency: a crash strands at most that many.
-					recorded := make(chan struct{})
-					outcomes <- pendingOutcome{outcome: out, metadata: a.Request.Metadata, recorded: recorded}
-					<-recorded
-				}()
-			}
+		if free >= claimAt || free == cap(r.slots) {
+			claimed, wait = d.claimAndStart(ctx, r, min(free, d.config.BatchSize), claimAt)
 		}
 		if d.config.UnservedAfter > 0 && time.Since(lastUnservedCheck) > min(d.config.UnservedAfter, time.Minute) {
 			lastUnservedCheck = time.Now()
@@ -222,28 +227,74 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
-		case <-wake:
+		case <-r.wake:
 		case <-poll.C:
 		}
 	}
+}
 
-	// Shutdown: no more claims; let calls in flight finish.
+// claimAndStart claims up to limit keys and starts a call for each. It
+// returns how many it claimed and how long the loop may sleep before the
+// next claim.
+func (d *Dispatcher[TTx]) claimAndStart(ctx context.Context, r *run, limit, claimAt int) (claimed int, wait time.Duration) {
+	attempts, controlWait, err := d.claim(ctx, limit, claimAt)
+	wait = min(d.config.PollInterval, controlWait)
+	if err == nil {
+		r.claimRetry = claimRetryMin
+	} else {
+		wait = min(wait, r.claimRetry)
+		r.claimRetry = min(2*r.claimRetry, claimRetryMax)
+	}
+	if err != nil && ctx.Err() == nil {
+		d.logger.ErrorContext(ctx, "pgonce: claim failed", "error", err, "retry_in", wait)
+	}
+	for _, a := range attempts {
+		r.slots <- struct{}{}
+		r.workers.Add(1)
+		go d.call(r, a)
+	}
+	return len(attempts), wait
+}
+
+// call runs the provider for a claimed attempt and hands its outcome to
+// the recorder. It holds a slot from the claim until the outcome is
+// recorded.
+func (d *Dispatcher[TTx]) call(r *run, a attempt.Attempt) {
+	defer r.workers.Done()
+	defer func() { <-r.slots; r.signal() }()
+	out := d.attempts.Run(r.callCtx, a, d.backoff)
+	if r.callCtx.Err() != nil {
+		// Cut off by the shutdown timeout: whether the provider acted is
+		// unknown, and the reconciler decides once the lease expires.
+		return
+	}
+	if out.SlowDown > 0 && d.throttle(r.callCtx, &out) {
+		return
+	}
+	// The slot is freed once the outcome is recorded, so that leases held
+	// without a recorded outcome never exceed Concurrency: a crash strands
+	// at most that many.
+	recorded := make(chan struct{})
+	r.outcomes <- pendingOutcome{outcome: out, metadata: a.Request.Metadata, recorded: recorded}
+	<-recorded
+}
+
+// finishCalls lets calls in flight finish, for up to ShutdownTimeout, then
+// cuts off those still running: they stay in flight for the reconciler.
+func (d *Dispatcher[TTx]) finishCalls(r *run) {
 	finished := make(chan struct{})
 	go func() {
-		workers.Wait()
+		r.workers.Wait()
 		close(finished)
 	}()
 	select {
 	case <-finished:
 	case <-time.After(max(d.config.ShutdownTimeout, 0)):
 		d.logger.Warn("pgonce: shutdown timeout; calls still running stay in flight for the reconciler",
-			"running", len(slots))
-		hardStop()
+			"running", len(r.slots))
+		r.hardStop()
 		<-finished
 	}
-	close(outcomes)
-	<-recorded
-	return nil
 }
 
 // claim claims up to limit keys: those of tools with flow control through

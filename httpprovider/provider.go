@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgonce/pgonce/internal/header"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -202,11 +203,7 @@ func (c Config) withDefaults() Config {
 	if c.NowFunc == nil {
 		c.NowFunc = time.Now
 	}
-	keep := make([]string, len(c.KeepHeaders))
-	for i, name := range c.KeepHeaders {
-		keep[i] = http.CanonicalHeaderKey(name)
-	}
-	c.KeepHeaders = keep
+	c.KeepHeaders = header.Canonical(c.KeepHeaders)
 	return c
 }
 
@@ -419,12 +416,7 @@ func (p *Provider) send(r *http.Request) (*Response, string, error) {
 	if int64(len(body)) > p.config.MaxResponseBytes {
 		return nil, "", outbox.Ambiguous(fmt.Errorf("%s: %w: more than %d bytes", p.what(r), ErrResponseTooLarge, p.config.MaxResponseBytes))
 	}
-	kept := http.Header{}
-	for _, name := range p.config.KeepHeaders {
-		if values := resp.Header.Values(name); len(values) > 0 {
-			kept[name] = append([]string(nil), values...)
-		}
-	}
+	kept := header.Keep(resp.Header, p.config.KeepHeaders)
 	return &Response{Status: resp.StatusCode, Header: kept, Body: body}, resp.Header.Get("Retry-After"), nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgonce/pgonce/httpprovider"
+	"github.com/pgonce/pgonce/internal/header"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -135,11 +136,7 @@ func (c Config) withDefaults() Config {
 	if c.ScopeFunc == nil {
 		c.ScopeFunc = func(*http.Request) (string, error) { return "", nil }
 	}
-	keep := make([]string, len(c.KeepHeaders))
-	for i, name := range c.KeepHeaders {
-		keep[i] = http.CanonicalHeaderKey(name)
-	}
-	c.KeepHeaders = keep
+	c.KeepHeaders = header.Canonical(c.KeepHeaders)
 	return c
 }
 
@@ -576,15 +573,10 @@ func decodeStored(stored json.RawMessage) (*httpprovider.Response, error) {
 
 // keep returns the headers of h that are stored.
 func (m *Middleware[TTx]) keep(h http.Header) http.Header {
-	kept := http.Header{}
 	if len(m.config.KeepHeaders) > 0 {
-		for _, name := range m.config.KeepHeaders {
-			if values := h.Values(name); len(values) > 0 {
-				kept[name] = slices.Clone(values)
-			}
-		}
-		return kept
+		return header.Keep(h, m.config.KeepHeaders)
 	}
+	kept := http.Header{}
 	for name, values := range h {
 		switch name {
 		case "Set-Cookie", "Date", "Connection", "Keep-Alive", "Transfer-Encoding", "Trailer", "Upgrade", "Proxy-Connection":

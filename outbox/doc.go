@@ -54,7 +54,7 @@
 //
 // [Client.List] pages through the keys an operator acts on (pending, in
 // flight, failed, in review, cancelled) by state, tool, tenant, run and
-// creation time, on an index. [Client.Run] returns a run's steps in step
+// creation time, on an index. [Client.RunSteps] returns a run's steps in step
 // order, finished ones included, and [Client.Stats] counts keys per tool
 // and state without reading a large table whole. [Client.Cancel] cancels a
 // pending key and

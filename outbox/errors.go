@@ -200,3 +200,38 @@ var ErrNotClaimed = errors.New("key not claimed by this transaction")
 // transaction pooler: session state that a transaction pooler does not
 // keep. The error names the setting that fixes it.
 var ErrTransactionPooling = errors.New("configuration needs session state that a transaction pooler does not keep")
+
+// ErrNotCanonical is returned (wrapped in a [*NotCanonicalError]) by
+// [Canonicalize] and [DeriveKey] when a value has no RFC 8785 canonical form
+// or breaks the key number policy: NaN or infinite numbers, number literals
+// out of float64 range, invalid UTF-8, lone surrogates, duplicate object
+// member names, nesting deeper than [CanonicalMaxDepth], input larger than
+// [CanonicalMaxBytes], text that is not JSON, and (for keys only) numbers
+// whose canonical form is a different value, such as 9007199254740993 and
+// 2^60. Match it with [errors.Is].
+var ErrNotCanonical = errors.New("not canonical")
+
+// ErrInvalidCall is returned (wrapped in an [*InvalidCallError]) by
+// [DeriveKey] when a [Call] breaks a validation rule: a missing or malformed
+// tool name, a missing run id, a negative step, or a string field that is
+// oversized, not valid UTF-8 or holds a NUL byte. [Client.SubmitTx],
+// [Client.Submit] and [Client.Do] return it before any SQL runs, so the
+// caller's transaction is untouched. They also return it for a call
+// without a NaturalID to a tool registered [LookupByNaturalID]. Match it
+// with [errors.Is].
+var ErrInvalidCall = errors.New("invalid call")
+
+// ErrInvalidKey is returned by [ParseKey] when a string is not a well-formed
+// [Key] of a known version. Match it with [errors.Is].
+var ErrInvalidKey = errors.New("invalid key")
+
+// ErrInvalidResolution is returned by [Client.Resolve] for a malformed
+// resolution: an unknown action, a response or failure that is missing, not
+// JSON or not allowed for the action, or a By or Reason that is empty, too
+// long, not valid UTF-8 or holds a NUL byte. It is returned before any SQL
+// runs; nothing is changed.
+var ErrInvalidResolution = errors.New("invalid resolution")
+
+// ErrNotNeedsReview is returned by [Client.Resolve] for a key that is not in
+// needs review. The error is a [*NotNeedsReviewError]. Nothing is changed.
+var ErrNotNeedsReview = errors.New("key is not in needs review")

@@ -1,33 +1,6 @@
 package outbox
 
-import (
-	"errors"
-	"fmt"
-)
-
-// ErrNotCanonical is returned (wrapped in a [*NotCanonicalError]) by
-// [Canonicalize] and [DeriveKey] when a value has no RFC 8785 canonical form
-// or breaks the key number policy: NaN or infinite numbers, number literals
-// out of float64 range, invalid UTF-8, lone surrogates, duplicate object
-// member names, nesting deeper than [CanonicalMaxDepth], input larger than
-// [CanonicalMaxBytes], text that is not JSON, and (for keys only) numbers
-// whose canonical form is a different value, such as 9007199254740993 and
-// 2^60. Match it with [errors.Is].
-var ErrNotCanonical = errors.New("not canonical")
-
-// ErrInvalidCall is returned (wrapped in an [*InvalidCallError]) by
-// [DeriveKey] when a [Call] breaks a validation rule: a missing or malformed
-// tool name, a missing run id, a negative step, or a string field that is
-// oversized, not valid UTF-8 or holds a NUL byte. [Client.SubmitTx],
-// [Client.Submit] and [Client.Do] return it before any SQL runs, so the
-// caller's transaction is untouched. They also return it for a call
-// without a NaturalID to a tool registered [LookupByNaturalID]. Match it
-// with [errors.Is].
-var ErrInvalidCall = errors.New("invalid call")
-
-// ErrInvalidKey is returned by [ParseKey] when a string is not a well-formed
-// [Key] of a known version. Match it with [errors.Is].
-var ErrInvalidKey = errors.New("invalid key")
+import "fmt"
 
 // NotCanonicalError says why a value cannot be canonicalised and where. It
 // matches [ErrNotCanonical] under [errors.Is].

@@ -157,9 +157,9 @@ func ExampleClient_Cancel() {
 	// decision: retry by ops@example.com: the customer asked again
 }
 
-// ExampleClient_Run reads an agent's run step by step, finished steps
+// ExampleClient_RunSteps reads an agent's run step by step, finished steps
 // included: the tool calls as the model issued them.
-func ExampleClient_Run() {
+func ExampleClient_RunSteps() {
 	ctx := context.Background()
 
 	// A database and a migrated schema of the example's own, so that
@@ -193,7 +193,7 @@ func ExampleClient_Run() {
 		}
 	}
 
-	res, err := client.Run(ctx, outbox.RunParams{RunID: "run_01J9Z"})
+	res, err := client.RunSteps(ctx, outbox.RunParams{RunID: "run_01J9Z"})
 	if err != nil {
 		panic(err)
 	}

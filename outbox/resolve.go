@@ -47,17 +47,6 @@ type Resolution struct {
 	Reason string
 }
 
-// ErrInvalidResolution is returned by [Client.Resolve] for a malformed
-// resolution: an unknown action, a response or failure that is missing, not
-// JSON or not allowed for the action, or a By or Reason that is empty, too
-// long, not valid UTF-8 or holds a NUL byte. It is returned before any SQL
-// runs; nothing is changed.
-var ErrInvalidResolution = errors.New("invalid resolution")
-
-// ErrNotNeedsReview is returned by [Client.Resolve] for a key that is not in
-// needs review. The error is a [*NotNeedsReviewError]. Nothing is changed.
-var ErrNotNeedsReview = errors.New("key is not in needs review")
-
 // NotNeedsReviewError details an [ErrNotNeedsReview].
 type NotNeedsReviewError struct {
 	Key   Key

@@ -6,23 +6,23 @@ import (
 	"math"
 )
 
-// Bounds of [Client.Run].
+// Bounds of [Client.RunSteps].
 const (
-	// RunLimitDefault is the most steps [Client.Run] returns when
+	// RunLimitDefault is the most steps [Client.RunSteps] returns when
 	// [RunParams.Limit] is zero.
 	RunLimitDefault = 100
-	// RunLimitMax is the most steps [Client.Run] returns.
+	// RunLimitMax is the most steps [Client.RunSteps] returns.
 	RunLimitMax = 1000
 	// RunGapMax is how many consecutive steps without a key end a run: a
 	// run's steps are looked up by number, and after 32 missing steps in a
-	// row [Client.Run] stops looking.
+	// row [Client.RunSteps] stops looking.
 	RunGapMax = 32
 )
 
-// runBatch is how many steps one statement of [Client.Run] looks up.
+// runBatch is how many steps one statement of [Client.RunSteps] looks up.
 const runBatch = 2 * RunGapMax
 
-// RunParams select the steps [Client.Run] returns.
+// RunParams select the steps [Client.RunSteps] returns.
 type RunParams struct {
 	// Tenant and RunID are the run's: the Tenant and RunID of its step
 	// calls. RunID is required.
@@ -44,7 +44,7 @@ type RunStep struct {
 	Result
 }
 
-// RunResult is what [Client.Run] found.
+// RunResult is what [Client.RunSteps] found.
 type RunResult struct {
 	// Steps are the run's steps found, in step order. A missing step number
 	// is a step the run never asked for, or one forgotten after its
@@ -55,14 +55,14 @@ type RunResult struct {
 	NextStep int64
 }
 
-// Run returns the step calls of a run in step order, in every state —
+// RunSteps returns the step calls of a run in step order, in every state —
 // pending, in flight, succeeded, failed, needs review, cancelled, and the
 // tombstones of pruned steps: the tool calls of an agent's run as the model
 // issued them. A business-key call ([Call.Key]) is not a step and is not
 // returned.
 //
-// Run needs no index of its own: a step call's scope is a digest of its
-// tenant, run and step (KEYSPEC.md), so Run derives the scopes of steps
+// RunSteps needs no index of its own: a step call's scope is a digest of its
+// tenant, run and step (KEYSPEC.md), so RunSteps derives the scopes of steps
 // FromStep, FromStep+1, … and reads them on the scope's unique index, 64
 // steps a statement. It stops after [RunGapMax] consecutive steps without a
 // key, so a run whose step numbers leave a larger gap shows only the steps
@@ -71,7 +71,7 @@ type RunResult struct {
 //
 // It returns [ErrInvalidParams] for a missing or malformed RunID or Tenant,
 // a negative FromStep or a limit out of range; nothing runs then.
-func (c *Client[TTx]) Run(ctx context.Context, params RunParams) (RunResult, error) {
+func (c *Client[TTx]) RunSteps(ctx context.Context, params RunParams) (RunResult, error) {
 	limit := params.Limit
 	if limit == 0 {
 		limit = RunLimitDefault

@@ -85,7 +85,7 @@ func testRun[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 			require.NoError(t, err)
 		}
 
-		res, err := b.client.Run(ctx, outbox.RunParams{Tenant: "acme", RunID: "run-agent"})
+		res, err := b.client.RunSteps(ctx, outbox.RunParams{Tenant: "acme", RunID: "run-agent"})
 		require.NoError(t, err)
 		require.Zero(t, res.NextStep)
 		var order []int64
@@ -105,17 +105,17 @@ func testRun[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Equal(t, "email", res.Steps[2].Tool)
 		require.False(t, res.Steps[5].CompletedAt.IsZero(), "a tombstone keeps its completion time")
 
-		rest, err := b.client.Run(ctx, outbox.RunParams{Tenant: "acme", RunID: "run-agent", FromStep: 42})
+		rest, err := b.client.RunSteps(ctx, outbox.RunParams{Tenant: "acme", RunID: "run-agent", FromStep: 42})
 		require.NoError(t, err)
 		require.Len(t, rest.Steps, 1, "asked from within the gap, the run goes on")
 		require.Equal(t, afterGap.Key, rest.Steps[0].Key)
 		require.Equal(t, int64(73), rest.Steps[0].Step)
 
-		untenanted, err := b.client.Run(ctx, outbox.RunParams{RunID: "run-agent"})
+		untenanted, err := b.client.RunSteps(ctx, outbox.RunParams{RunID: "run-agent"})
 		require.NoError(t, err)
 		require.Equal(t, map[int64]outbox.State{5: outbox.StatePending}, runSteps(untenanted.Steps), "the tenantless run of the same id is another run")
 
-		none, err := b.client.Run(ctx, outbox.RunParams{Tenant: "acme", RunID: "run-never"})
+		none, err := b.client.RunSteps(ctx, outbox.RunParams{Tenant: "acme", RunID: "run-never"})
 		require.NoError(t, err)
 		require.Empty(t, none.Steps)
 		require.Zero(t, none.NextStep)
@@ -134,7 +134,7 @@ func testRun[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		params := outbox.RunParams{RunID: "run-long", Limit: 40}
 		for page := 0; ; page++ {
 			require.Less(t, page, 10, "the run never ends")
-			res, err := b.client.Run(t.Context(), params)
+			res, err := b.client.RunSteps(t.Context(), params)
 			require.NoError(t, err)
 			require.LessOrEqual(t, len(res.Steps), 40)
 			for _, s := range res.Steps {
@@ -161,7 +161,7 @@ func testRun[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 			"NULInTenant":   {RunID: "r", Tenant: "a\x00b"},
 			"InvalidUTF8":   {RunID: "r\xff"},
 		} {
-			_, err := b.client.Run(t.Context(), params)
+			_, err := b.client.RunSteps(t.Context(), params)
 			require.ErrorIs(t, err, outbox.ErrInvalidParams, name)
 		}
 	})
@@ -236,12 +236,12 @@ func TestRunPlanAtOneMillionKeys(t *testing.T) {
 		t.Parallel()
 		traced, tracer := tracedPool(t, t.Context())
 		client := drivertest.Pgx().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
-		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.Run(t.Context(), p) })
+		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.RunSteps(t.Context(), p) })
 	})
 	t.Run(drivertest.NameDatabaseSQL, func(t *testing.T) {
 		t.Parallel()
 		traced, tracer := tracedPool(t, t.Context())
 		client := drivertest.DatabaseSQL().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
-		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.Run(t.Context(), p) })
+		check(t, traced, tracer, func(p outbox.RunParams) (outbox.RunResult, error) { return client.RunSteps(t.Context(), p) })
 	})
 }

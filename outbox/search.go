@@ -48,7 +48,7 @@ const (
 	SearchBusinessKey SearchField = "business_key"
 	// SearchRunID matches [Call.RunID] exactly: it names, in
 	// [SearchResult.Runs], the tenants that have a run of that id, whose
-	// steps [Client.Run] reads. Its keys are not in [SearchResult.Keys].
+	// steps [Client.RunSteps] reads. Its keys are not in [SearchResult.Keys].
 	SearchRunID SearchField = "run_id"
 	// SearchArgs matches text inside the canonical arguments of recent
 	// and listed keys: an order id, a customer, an e-mail address, as
@@ -103,7 +103,7 @@ type FoundRun struct {
 	RunID string
 	// Keys counts the run's keys the search saw: those created in the
 	// window and the older listed ones; zero when the run was found by its
-	// steps alone ([Client.Run]).
+	// steps alone ([Client.RunSteps]).
 	Keys int64
 }
 
@@ -292,7 +292,7 @@ func (c *Client[TTx]) searchRuns(ctx context.Context, runID, tenant string, sinc
 		}
 	}
 	if !slices.ContainsFunc(runs, func(r FoundRun) bool { return r.Tenant == tenant }) {
-		steps, err := c.Run(ctx, RunParams{Tenant: tenant, RunID: runID, Limit: 1})
+		steps, err := c.RunSteps(ctx, RunParams{Tenant: tenant, RunID: runID, Limit: 1})
 		if err != nil {
 			return nil, err
 		}

@@ -210,12 +210,12 @@ func ledgers(ctx context.Context, out io.Writer, db *exampledb.DB) error {
 	if err != nil {
 		return err
 	}
-	run, err := client.Run(ctx, outbox.RunParams{RunID: runID})
+	run, err := client.RunSteps(ctx, outbox.RunParams{RunID: runID})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "")
-	fmt.Fprintf(out, "── pgonce's view of %s (Client.Run)\n", runID)
+	fmt.Fprintf(out, "── pgonce's view of %s (Client.RunSteps)\n", runID)
 	for _, step := range run.Steps {
 		fmt.Fprintf(out, "step %d  %-13s %s\n", step.Step, step.Tool, step.State)
 	}

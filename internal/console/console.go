@@ -40,7 +40,7 @@ type Operator interface {
 	CountCreated(ctx context.Context, params outbox.CountCreatedParams) (outbox.CreatedCounts, error)
 	List(ctx context.Context, params outbox.ListParams) (outbox.ListResult, error)
 	Search(ctx context.Context, params outbox.SearchParams) (outbox.SearchResult, error)
-	Run(ctx context.Context, params outbox.RunParams) (outbox.RunResult, error)
+	RunSteps(ctx context.Context, params outbox.RunParams) (outbox.RunResult, error)
 	Inspect(ctx context.Context, key outbox.Key) (outbox.Inspection, error)
 	Resolve(ctx context.Context, key outbox.Key, resolution outbox.Resolution) (outbox.Result, error)
 	Cancel(ctx context.Context, key outbox.Key, params outbox.CancelParams) (outbox.Result, error)

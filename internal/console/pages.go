@@ -445,7 +445,7 @@ func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 }
 
 // filterProblem says what is wrong with a list filter's value, as
-// [outbox.Client.Run] says it of a run's tenant and id, or returns "": no
+// [outbox.Client.RunSteps] says it of a run's tenant and id, or returns "": no
 // stored tenant, run id or tool is longer than [outbox.CallStringMaxBytes],
 // invalid UTF-8 or holds a NUL, so no such filter matches anything, and
 // PostgreSQL would refuse the last two.
@@ -476,7 +476,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res, err := h.ops.Run(r.Context(), params)
+	res, err := h.ops.RunSteps(r.Context(), params)
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -539,53 +539,37 @@ func (s *Store) CountStalePending(ctx context.Context, age time.Duration, now *t
 // Expire turns up to max finished keys past their retention into
 // tombstones and returns how many it turned.
 func (s *Store) Expire(ctx context.Context, max int, now *time.Time) (int64, error) {
-	var expired int64
-	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		expired, err = q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
+	return runInt64(ctx, s, func(q *dbpgx.Queries, db dbpgx.DBTX) (int64, error) {
+		return q.KeyExpire(ctx, db, &dbpgx.KeyExpireParams{
 			Now:     now,
 			MaxRows: int32(max), //nolint:gosec // the caller bounds it to int32
 		})
-		return err
 	})
-	return expired, err
 }
 
 // Forget deletes up to max tombstones past their horizon and returns how
 // many it deleted.
 func (s *Store) Forget(ctx context.Context, max int, now *time.Time) (int64, error) {
-	var forgotten int64
-	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		forgotten, err = q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
+	return runInt64(ctx, s, func(q *dbpgx.Queries, db dbpgx.DBTX) (int64, error) {
+		return q.KeyForget(ctx, db, &dbpgx.KeyForgetParams{
 			Now:     now,
 			MaxRows: int32(max), //nolint:gosec // the caller bounds it to int32
 		})
-		return err
 	})
-	return forgotten, err
 }
 
 // CountExpirable counts the finished keys past their retention.
 func (s *Store) CountExpirable(ctx context.Context, now *time.Time) (int64, error) {
-	var count int64
-	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		count, err = q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: now})
-		return err
+	return runInt64(ctx, s, func(q *dbpgx.Queries, db dbpgx.DBTX) (int64, error) {
+		return q.KeyCountExpirable(ctx, db, &dbpgx.KeyCountExpirableParams{Now: now})
 	})
-	return count, err
 }
 
 // CountForgettable counts the tombstones past their horizon.
 func (s *Store) CountForgettable(ctx context.Context, now *time.Time) (int64, error) {
-	var count int64
-	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
-		var err error
-		count, err = q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: now})
-		return err
+	return runInt64(ctx, s, func(q *dbpgx.Queries, db dbpgx.DBTX) (int64, error) {
+		return q.KeyCountForgettable(ctx, db, &dbpgx.KeyCountForgettableParams{Now: now})
 	})
-	return count, err
 }
 
 // Resolve applies an operator decision to a key in needs_review and records

@@ -445,3 +445,15 @@ func (s *Store) QueryExecMode(ctx context.Context) (pgx.QueryExecMode, error) {
 	})
 	return mode, s.interpretError(ctx, err)
 }
+
+// runInt64 runs f, one statement that returns a number (rows changed or
+// counted), as [Store.run] does, and returns that number.
+func runInt64(ctx context.Context, s *Store, f func(q *dbpgx.Queries, db dbpgx.DBTX) (int64, error)) (int64, error) {
+	var n int64
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		var err error
+		n, err = f(q, db)
+		return err
+	})
+	return n, err
+}

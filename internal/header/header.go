@@ -1,0 +1,30 @@
+// Package header holds the response-header handling that the HTTP provider
+// and the idempotency middleware share.
+package header
+
+import (
+	"net/http"
+	"slices"
+)
+
+// Canonical returns names in canonical header form, in a new slice, so that
+// lookups in an [http.Header] find them. A nil names gives an empty slice.
+func Canonical(names []string) []string {
+	canonical := make([]string, len(names))
+	for i, name := range names {
+		canonical[i] = http.CanonicalHeaderKey(name)
+	}
+	return canonical
+}
+
+// Keep returns the values of h under the given canonical names, copied;
+// names absent from h are left out.
+func Keep(h http.Header, names []string) http.Header {
+	kept := http.Header{}
+	for _, name := range names {
+		if values := h.Values(name); len(values) > 0 {
+			kept[name] = slices.Clone(values)
+		}
+	}
+	return kept
+}
