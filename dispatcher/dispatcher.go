@@ -284,6 +284,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 			Max:             limit,
 			Lease:           d.client.Config().Lease,
 			Worker:          d.workerID,
+			Now:             d.now(),
 		})
 		if err != nil {
 			return nil, wait, fmt.Errorf("claim controlled outbox batch: %w", err)
@@ -313,6 +314,7 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 			Max:             limit,
 			Lease:           d.client.Config().Lease,
 			Worker:          d.workerID,
+			Now:             d.now(),
 		})
 		rows = append(rows, more...)
 	}
@@ -323,6 +325,18 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 		return d.attemptsOf(rows, claimedAt), wait, fmt.Errorf("claim outbox batch: %w", err)
 	}
 	return d.attemptsOf(rows, claimedAt), wait, nil
+}
+
+// now is the client's clock as a statement parameter: nil, the database's
+// clock, unless the client's Config.NowFunc is set. Claims then lease by
+// it, as the client's submits and the reconciler's passes do, so that a
+// moved clock moves every window alike.
+func (d *Dispatcher[TTx]) now() *time.Time {
+	if d.client.Config().NowFunc == nil {
+		return nil
+	}
+	now := d.client.Now()
+	return &now
 }
 
 // attemptsOf returns the attempts of claimed rows.
@@ -542,6 +556,7 @@ func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
 		// their pending keys wait for them, and are not unserved.
 		Tools: d.registry.Names(),
 		Age:   d.config.UnservedAfter,
+		Now:   d.now(),
 	})
 	if err != nil {
 		if ctx.Err() == nil {

@@ -244,6 +244,47 @@ func testDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Zero(t, outboxRows)
 	})
 
+	t.Run("ClaimsAndLeasesByTheClientsClock", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		// The client's clock is an hour ahead of the database's: its submit
+		// makes the key due an hour from now by the database's clock. The
+		// dispatcher claims by the client's clock, as the reconciler
+		// resolves by it, so that a test that moves the clock moves every
+		// window alike.
+		const ahead = time.Hour
+		leaseLeft := make(chan float64, 1)
+		provider := outbox.ProviderFunc(func(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
+			var left float64
+			err := pgoncetest.Pool(t).QueryRow(ctx, `SELECT extract(epoch FROM lease_until - pg_catalog.now())::float8
+				FROM "`+bundle.schema+`".pgonce_key WHERE key = $1`, pgoncetest.StoredKey(t, string(req.Key))).Scan(&left)
+			if err != nil {
+				return nil, err
+			}
+			select {
+			case leaseLeft <- left:
+			default:
+			}
+			return bundle.ledger.Call(ctx, req)
+		})
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
+		client := driver.Client(t, outbox.Config{
+			Schema: bundle.schema, Registry: registry,
+			NowFunc: func() time.Time { return time.Now().Add(ahead) },
+		})
+		d, err := dispatcher.New(client, fastConfig())
+		require.NoError(t, err)
+		start(t, d)
+
+		key := submit(t, client, "refund", 1)
+		awaitState(t, client, key, outbox.StateSucceeded)
+		left := <-leaseLeft
+		require.Greater(t, left, ahead.Seconds(), "the lease runs from the client's clock")
+		_, effects := bundle.ledger.count(key)
+		require.Equal(t, 1, effects)
+	})
+
 	t.Run("RetriesWithBackoffReachSuccess", func(t *testing.T) {
 		t.Parallel()
 		bundle := setup(t, driver)

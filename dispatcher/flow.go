@@ -147,7 +147,7 @@ func controlWait(budgets []store.ToolBudget, claimed map[string]int, claimAt int
 func (d *Dispatcher[TTx]) throttle(ctx context.Context, out *attempt.Outcome) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.client.Config().StatementTimeout)
 	defer cancel()
-	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown}
+	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown, Now: d.now()}
 	if !d.client.Config().NotifyDisabled {
 		p.Channel = d.store.WorkChannel
 	}

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,7 +89,18 @@ func testGateway[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 			_ = httpstatus.Write(w, outbox.Result{}, err)
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 500*time.Millisecond)
+		// The caller says how long it waits for the outcome (RFC 7240
+		// Prefer: wait=SECONDS); past that, the answer is "in progress".
+		wait := time.Second
+		if seconds, found := strings.CutPrefix(r.Header.Get("Prefer"), "wait="); found {
+			n, err := strconv.Atoi(seconds)
+			if err != nil || n < 0 {
+				http.Error(w, "bad Prefer: wait", http.StatusBadRequest)
+				return
+			}
+			wait = time.Duration(n) * time.Second
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
 		defer cancel()
 		res, err = client.WaitResult(ctx, res)
 		_ = httpstatus.Write(w, res, err)
@@ -95,18 +108,26 @@ func testGateway[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 	server := httptest.NewServer(handler)
 	t.Cleanup(server.Close)
 
-	post := func(t *testing.T, body toolCall) (*http.Response, map[string]any) {
+	// postWaiting posts body, prepared to wait waitSeconds for its outcome.
+	postWaiting := func(t *testing.T, body toolCall, waitSeconds int) (*http.Response, map[string]any) {
 		t.Helper()
 		payload, err := json.Marshal(body)
 		require.NoError(t, err)
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, server.URL, bytes.NewReader(payload))
 		require.NoError(t, err)
+		req.Header.Set("Prefer", "wait="+strconv.Itoa(waitSeconds))
 		resp, err := server.Client().Do(req)
 		require.NoError(t, err)
 		defer func() { _ = resp.Body.Close() }()
 		var doc map[string]any
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&doc))
 		return resp, doc
+	}
+	// post posts body, prepared to wait for its outcome as long as a busy
+	// machine may take: a call that completes answers with its outcome.
+	post := func(t *testing.T, body toolCall) (*http.Response, map[string]any) {
+		t.Helper()
+		return postWaiting(t, body, 60)
 	}
 	refund := toolCall{RunID: "run-1", Step: 3, Tool: "refund", Args: json.RawMessage(`{"order": 8842, "amount": "42.00"}`)}
 
@@ -145,7 +166,9 @@ func testGateway[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 
 	t.Run("InProgress", func(t *testing.T) {
 		t.Parallel()
-		resp, doc := post(t, toolCall{RunID: "run-3", Step: 1, Tool: "slow", Args: json.RawMessage(`{}`)})
+		// The slow provider answers only once the test ends: however long
+		// the caller waits, the call is in progress.
+		resp, doc := postWaiting(t, toolCall{RunID: "run-3", Step: 1, Tool: "slow", Args: json.RawMessage(`{}`)}, 1)
 		require.Equal(t, http.StatusAccepted, resp.StatusCode, "%v", doc)
 		require.NotEmpty(t, resp.Header.Get("Retry-After"))
 		require.Equal(t, "in_progress", doc["status"])

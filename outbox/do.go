@@ -70,6 +70,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 	a := attempt.Attempt{
 		Tool:    attemptTool(tool, p, c.config.Middleware),
 		Request: attempt.Request{Key: string(d.Key), NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args, Metadata: sub.metadata},
+		Scope:   d.Scope,
 		Lease:   c.config.Lease,
 	}
 	switch {

@@ -21,8 +21,12 @@ func TestStatementTimeout(t *testing.T) {
 		registry := outbox.NewRegistry()
 		require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
 		proxy, pool := pgoncetest.NewBlackHoleProxy(t, 8)
+		// The statement deadline ends a statement on the half-open
+		// connection, and lies far beyond what a claim on a live one takes
+		// on a loaded machine, a new connection's setup included: the last
+		// Do below opens one.
 		client, err := outbox.NewPgx(pool, outbox.Config{
-			Schema: schema, Registry: registry, NotifyDisabled: true, StatementTimeout: 500 * time.Millisecond,
+			Schema: schema, Registry: registry, NotifyDisabled: true, StatementTimeout: 5 * time.Second,
 		})
 		require.NoError(t, err)
 		_, err = client.Get(t.Context(), mustKey(t, refundCall("run-warm")))
@@ -37,7 +41,7 @@ func TestStatementTimeout(t *testing.T) {
 		select {
 		case err = <-done:
 			require.Error(t, err, "the claim met the half-open connection")
-		case <-time.After(20 * time.Second):
+		case <-time.After(time.Minute):
 			t.Fatal("Do hangs on a half-open connection")
 		}
 		require.Zero(t, provider.calls.Load())

@@ -10,7 +10,7 @@
 -- pruning run beside anything else without waiting, and small batches keep
 -- locks short.
 WITH due AS (
-    SELECT pgonce_key.key
+    SELECT pgonce_key.scope
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce(sqlc.narg('now')::timestamptz, now())
         AND pgonce_key.state IN ('succeeded', 'failed', 'cancelled')
@@ -40,7 +40,8 @@ expired AS (
         expires_at = NULL,
         forget_at = greatest(pgonce_key.forget_at, coalesce(sqlc.narg('now')::timestamptz, now()))
     FROM due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING pgonce_key.key
 ),
 decisions AS (
@@ -60,7 +61,7 @@ FROM expired;
 -- KeyForget deletes up to max_rows tombstones past their horizon; only then
 -- can the same action run again.
 WITH due AS (
-    SELECT pgonce_key.key
+    SELECT pgonce_key.scope
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.forget_at < coalesce(sqlc.narg('now')::timestamptz, now())
         AND pgonce_key.state = 'expired'
@@ -71,7 +72,8 @@ WITH due AS (
 deleted AS (
     DELETE FROM /* TEMPLATE: schema */pgonce_key
     USING due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING pgonce_key.key
 )
 SELECT count(*)::bigint AS forgotten

@@ -11,11 +11,11 @@
 -- Keys locked for one tool but beyond the batch are released when the
 -- statement commits.
 WITH due AS (
-    SELECT candidate.key
+    SELECT candidate.scope
     FROM unnest(@tools::text[]) AS served (tool)
     CROSS JOIN LATERAL (
         SELECT
-            pgonce_key.key,
+            pgonce_key.scope,
             pgonce_key.available_at
         FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.tool = served.tool
@@ -41,9 +41,11 @@ claimed AS (
         -- not finish the key.
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.tool,
         pgonce_key.attempt,
         pgonce_key.ambiguous,
@@ -56,6 +58,7 @@ claimed AS (
 )
 SELECT
     claimed.key,
+    claimed.scope,
     coalesce(claimed.tool, '')::text AS tool,
     claimed.attempt,
     claimed.ambiguous,
@@ -123,6 +126,7 @@ RETURNING
 WITH released AS (
     SELECT
         unnest(@key::bytea[]) AS key,
+        unnest(@scope::bytea[]) AS scope,
         unnest(@attempt::integer[]) AS attempt,
         unnest(@delay_ms::bigint[]) AS delay_ms,
         unnest(@ambiguous::boolean[]) AS ambiguous,
@@ -138,13 +142,15 @@ updated AS (
         last_error = released.last_error,
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM released
-    WHERE pgonce_key.key = released.key
-        -- The fence of OutboxFinish, one condition for the same reason.
+    -- The match and the fence of OutboxFinish, for the same reasons.
+    WHERE pgonce_key.scope = released.scope
+        AND pgonce_key.key = released.key
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN released.attempt
         END
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         released.ambiguous,
         released.last_error
 ),
@@ -171,7 +177,7 @@ history AS (
         CASE WHEN updated.ambiguous THEN 'uncertain' ELSE 'retry' END,
         nullif(updated.last_error, '')
     FROM updated
-    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.scope = updated.scope
     ON CONFLICT DO NOTHING
 ),
 notified AS (
@@ -195,6 +201,7 @@ FROM updated;
 WITH outcome AS (
     SELECT
         unnest(@key::bytea[]) AS key,
+        unnest(@scope::bytea[]) AS scope,
         unnest(@attempt::integer[]) AS attempt,
         unnest(@state::text[]) AS state,
         unnest(@response::bytea[]) AS response,
@@ -229,21 +236,31 @@ updated AS (
                 THEN coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
         END
     FROM outcome
-    WHERE pgonce_key.key = outcome.key
+    -- Each outcome's row is found through the unique scope: the planner
+    -- knows a scope matches one row even on a table it has no statistics
+    -- for. The key's own index is a hash index, which says nothing of
+    -- uniqueness: without statistics a match on it was estimated at 0.5 %
+    -- of the table, and a batch of outcomes was joined to the table by
+    -- reading all of it (30-97 ms a batch at 10^5 keys;
+    -- TestDispatchPlansNeverScanTheKeyTable). The key must match too: a
+    -- scope whose tombstone was forgotten may hold another key since.
+    WHERE pgonce_key.scope = outcome.scope
+        AND pgonce_key.key = outcome.key
         -- The fence: the row still holds the outcome's attempt, open under
         -- a lease. It is one condition on the row and its outcome together,
         -- not filters on the row alone, so that the planner finds each
-        -- outcome's row through the key index at any table size. Given
+        -- outcome's row through the scope index at any table size. Given
         -- filters of its own, the table looked one row small whenever its
         -- statistics were taken with nothing in flight, and the planner
         -- drove the join from it, rescanning every outcome for each leased
         -- row: quadratic in the batch (53 ms for 256 outcomes, against
-        -- 5–8 ms; TestBatchesProbeTheKeyIndex).
+        -- 5–8 ms; TestBatchesProbeTheScopeIndex).
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN outcome.attempt
         END
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         outcome.attempt,
         outcome.state,
         outcome.last_error
@@ -270,7 +287,7 @@ history AS (
         updated.state,
         nullif(updated.last_error, '')
     FROM updated
-    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.scope = updated.scope
     WHERE updated.state <> 'succeeded'
         OR updated.attempt > 1
     ON CONFLICT DO NOTHING
@@ -319,6 +336,7 @@ ORDER BY pgonce_key.tool;
 WITH expired AS (
     SELECT
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.attempt,
         pgonce_key.updated_at,
         pgonce_key.worker
@@ -338,9 +356,11 @@ reclaimed AS (
         worker = @worker::text,
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM expired
-    WHERE pgonce_key.key = expired.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = expired.scope
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.tool,
         pgonce_key.attempt,
         pgonce_key.first_attempted_at,
@@ -369,11 +389,12 @@ history AS (
         expired.worker,
         'lease_expired'
     FROM reclaimed
-    JOIN expired ON expired.key = reclaimed.key
+    JOIN expired ON expired.scope = reclaimed.scope
     ON CONFLICT DO NOTHING
 )
 SELECT
     reclaimed.key,
+    reclaimed.scope,
     coalesce(reclaimed.tool, '')::text AS tool,
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
@@ -469,11 +490,14 @@ SELECT
 WITH given AS (
     SELECT
         unnest(@key::bytea[]) AS key,
+        unnest(@scope::bytea[]) AS scope,
         unnest(@attempt::integer[]) AS attempt
 )
 SELECT pgonce_key.key
 FROM /* TEMPLATE: schema */pgonce_key
-JOIN given ON pgonce_key.key = given.key
+-- Matched on the unique scope, as in OutboxFinish.
+JOIN given ON pgonce_key.scope = given.scope
+    AND pgonce_key.key = given.key
     AND pgonce_key.attempt = given.attempt
 WHERE pgonce_key.lease_until IS NULL
 ORDER BY pgonce_key.key;

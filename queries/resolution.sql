@@ -198,3 +198,78 @@ SELECT
     (SELECT count(*) FROM recorded)::bigint AS recorded,
     (SELECT count(*) FROM notified)::bigint AS notified
 FROM updated;
+
+-- name: KeySettleReview :one
+-- KeySettleReview records the outcome that the provider answered to the
+-- given attempt, when that answer reached the store only after the
+-- reconciler had taken the attempt over (its lease ran out while the worker
+-- was starved of CPU, or while the network held its record): the key is
+-- still at the reconciler's attempt, the one after the given one (no
+-- attempt since), and the given attempt ended lease_expired; and either the
+-- reconciler sent the key to review for want of the outcome (review_reason;
+-- nobody resolved it since, or it would not be in review), or it holds the
+-- key still, undecided. The reconciler never calls a provider, so the given
+-- attempt's call is the last the key made, and its answer is the key's
+-- outcome; a reconciler that decides later is fenced out. Every condition
+-- but the attempt history's (written when the key was taken over) is on the
+-- key's row, in the update itself, so that a concurrent decision (an
+-- operator's, the reconciler's) is seen as it commits. The settlement is
+-- recorded in pgonce_resolution and notified as OutboxFinish notifies; any
+-- other key is left alone and no row returns.
+WITH updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = (@state::text)::/* TEMPLATE: schema */pgonce_state,
+        response = sqlc.narg('response')::bytea,
+        failure = sqlc.narg('failure')::bytea,
+        lease_until = NULL,
+        worker = NULL,
+        available_at = NULL,
+        last_error = nullif(@last_error::text, ''),
+        updated_at = NULL,
+        completed_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        expires_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond',
+        forget_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
+    WHERE pgonce_key.key = @key::bytea
+        AND @state::text IN ('succeeded', 'failed')
+        AND pgonce_key.attempt - 1 = @attempt::integer
+        AND (
+            (pgonce_key.state = 'needs_review' AND pgonce_key.last_error = @review_reason::text)
+            OR (pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL)
+        )
+        AND EXISTS (
+            SELECT 1
+            FROM /* TEMPLATE: schema */pgonce_attempt
+            WHERE pgonce_attempt.key = pgonce_key.key
+                AND pgonce_attempt.attempt = @attempt::integer
+                AND pgonce_attempt.outcome = 'lease_expired'
+        )
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        @state::text,
+        @resolved_by::text,
+        @reason::text,
+        coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify(@channel::text, 'k1_' || encode(updated.key, 'hex'))
+    FROM updated
+    WHERE @channel::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated;

@@ -407,11 +407,11 @@ WITH control AS (
     WHERE pgonce_tool.tool = any(@tools::text[])
 ),
 due AS (
-    SELECT candidate.key
+    SELECT candidate.scope
     FROM control
     CROSS JOIN LATERAL (
         SELECT
-            pgonce_key.key,
+            pgonce_key.scope,
             pgonce_key.available_at
         FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.tool = control.tool
@@ -434,9 +434,11 @@ claimed AS (
         first_attempted_at = coalesce(pgonce_key.first_attempted_at, sqlc.narg('now')::timestamptz, now()),
         updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
     FROM due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.tool,
         pgonce_key.attempt,
         pgonce_key.ambiguous,
@@ -459,6 +461,7 @@ spent AS (
 )
 SELECT
     claimed.key,
+    claimed.scope,
     coalesce(claimed.tool, '')::text AS tool,
     claimed.attempt,
     claimed.ambiguous,

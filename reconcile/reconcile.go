@@ -343,7 +343,7 @@ func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, cl
 	a.Tool, a.Ambiguous = &tool, true
 	out := r.attempts.NewOutcome(a)
 	out.Kind, out.Ambiguous = attempt.Retry, true
-	out.Err = errors.New("lease expired: the attempt's outcome is unknown")
+	out.Err = errors.New(attempt.LeaseExpiredReason)
 	if tool.Delivery == store.DeliveryByLookup && tool.Lookup == nil {
 		out.Err = errors.New("lease expired: the tool looks up by natural id, and no provider here can")
 		return out, OutcomeLookupFailed

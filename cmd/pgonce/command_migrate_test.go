@@ -174,13 +174,10 @@ func TestMigrateSQL(t *testing.T) {
 		res := pgonce(t, "--schema", "tenant_a", "migrate", "sql", "--all", "--down")
 		require.Equal(t, exitOK, res.code, res.stderr)
 		require.NotContains(t, res.stdout, "+goose Up")
-		// No Up section's statements: a Down restores what a later Up
-		// replaced at most (00004 puts back 00001's invariants, 00006 its
-		// key index).
+		// No Up section's statements: a Down restores a function at most
+		// (00004 puts back 00001's invariants).
 		require.NotContains(t, res.stdout, "CREATE TABLE")
-		restored := `CREATE INDEX pgonce_key_key_idx ON "tenant_a".pgonce_key USING hash (key);`
-		require.Contains(t, res.stdout, restored)
-		require.NotContains(t, strings.Replace(res.stdout, restored, "", 1), "CREATE INDEX")
+		require.NotContains(t, res.stdout, "CREATE INDEX")
 		names := migrationNames(t)
 		newest, oldest := strings.Index(res.stdout, names[len(names)-1]), strings.Index(res.stdout, names[0])
 		require.GreaterOrEqual(t, newest, 0)

@@ -156,6 +156,9 @@ type Attempt struct {
 	Tool *Tool
 	// Request is what the provider receives.
 	Request Request
+	// Scope is the key's scope, in its text form, which the statements
+	// that record the outcome find the key's row by.
+	Scope string
 	// Ambiguous reports that an earlier attempt may have acted.
 	Ambiguous bool
 	// FirstAttemptedAt starts the provider's key-retention window, by the
@@ -196,6 +199,7 @@ func (r *Runner) Claimed(row *store.ClaimedKey, claimedAt time.Time, maxAttempts
 			Attempt:   row.Attempt,
 			Metadata:  row.Metadata,
 		},
+		Scope:            row.Scope,
 		Ambiguous:        row.Ambiguous,
 		FirstAttemptedAt: row.FirstAttemptedAt,
 		ClaimedNow:       row.Now,
@@ -246,7 +250,9 @@ func (k Kind) storedState() store.State {
 
 // Outcome is how an attempt ended, ready to be recorded.
 type Outcome struct {
-	Key       string
+	Key string
+	// Scope is the key's scope ([Attempt.Scope]).
+	Scope     string
 	Tool      string
 	Attempt   int
 	Kind      Kind
@@ -272,6 +278,7 @@ type Outcome struct {
 func (r *Runner) NewOutcome(a Attempt) Outcome {
 	return Outcome{
 		Key:       a.Request.Key,
+		Scope:     a.Scope,
 		Tool:      a.Request.Tool,
 		Attempt:   a.Request.Attempt,
 		Retention: cmp.Or(a.Tool.Retention, r.config.Retention),

@@ -167,7 +167,7 @@ func TestRecordLogsWhatAnOperatorMustActOn(t *testing.T) {
 				if tries == 1 {
 					// Written, but unheard: nothing logs it yet.
 					_, err := bundle.store.Finish(ctx, &store.FinishParams{Outcomes: []store.Outcome{{
-						Key: outs[0].Key, Attempt: 1, State: store.StateFailed, Failure: outs[0].Failure, Retention: time.Hour,
+						Key: outs[0].Key, Scope: outs[0].Scope, Attempt: 1, State: store.StateFailed, Failure: outs[0].Failure, Retention: time.Hour,
 					}}})
 					require.NoError(t, err)
 					return fmt.Errorf("record outcomes: %w", io.ErrUnexpectedEOF)

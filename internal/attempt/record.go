@@ -74,7 +74,7 @@ func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]boo
 	finishErr := r.recordAll(ctx, until, finishes, r.finish, written)
 	releaseErr := r.recordAll(ctx, until, releases, r.release, written)
 	if finishErr == nil {
-		r.logFencedOut(ctx, finishes, written)
+		r.settleFencedOut(ctx, until, finishes, written)
 	}
 	if releaseErr == nil {
 		r.logFencedOut(ctx, releases, written)
@@ -118,7 +118,7 @@ func (r *Runner) recordLarge(ctx context.Context, until time.Time, o Outcome, wr
 	})
 	switch {
 	case err == nil && !held:
-		r.logFencedOut(ctx, []Outcome{o}, written)
+		r.settleFencedOut(ctx, until, []Outcome{o}, written)
 		return nil
 	case err != nil:
 		// The write tries on its own; the lease may yet hold.
@@ -150,9 +150,85 @@ func (r *Runner) recordLarge(ctx context.Context, until time.Time, o Outcome, wr
 	stop()
 	<-kept
 	if err == nil {
-		r.logFencedOut(ctx, []Outcome{o}, written)
+		r.settleFencedOut(ctx, until, []Outcome{o}, written)
 	}
 	return err
+}
+
+// LeaseExpiredReason is the error the reconciler records with a key it
+// took over after its attempt's lease ran out and sent to review, the
+// outcome of that attempt unknown.
+const LeaseExpiredReason = "lease expired: the attempt's outcome is unknown"
+
+// settleFencedOut records, where it safely can, the final outcomes of outs
+// that were fenced out, all recorded without error: an outcome the
+// provider answered to an attempt that the reconciler took over after its
+// lease (the worker starved of CPU, its record held up by the network)
+// settles the key if the reconciler sent it to review for want of that
+// outcome ([LeaseExpiredReason]) and nobody acted since, or holds it still,
+// undecided. The reconciler never calls a provider, so the attempt's
+// answer is the key's outcome; see [store.Store.SettleReview]. Each
+// settlement is logged as a warning (a lease too short for the load it
+// runs under), and the rest are logged as fenced out.
+func (r *Runner) settleFencedOut(ctx context.Context, until time.Time, outs []Outcome, written map[string]bool) {
+	var fenced []Outcome
+	for _, o := range outs {
+		if written[o.Key] {
+			continue
+		}
+		if o.Kind == Succeeded || (o.Kind == Failed && !o.Ambiguous) {
+			settled, err := r.settleReview(ctx, until, o)
+			if err != nil {
+				r.logger(ctx).WarnContext(ctx, "pgonce: settling the review of a key taken over failed",
+					"key", o.Key, "attempt", o.Attempt, "error", err)
+			}
+			if settled {
+				written[o.Key] = true
+				r.logger(ctx).WarnContext(ctx, "pgonce: an outcome came after its key was taken over; it settles the key",
+					"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "outcome", o.Kind.String())
+				continue
+			}
+		}
+		fenced = append(fenced, o)
+	}
+	r.logFencedOut(ctx, fenced, written)
+}
+
+// settleReview records o with [store.Store.SettleReview], trying again
+// while failures are transient and until allows.
+func (r *Runner) settleReview(ctx context.Context, until time.Time, o Outcome) (bool, error) {
+	params := &store.SettleReviewParams{
+		Outcome: store.Outcome{
+			Key:       o.Key,
+			Attempt:   o.Attempt,
+			State:     o.Kind.storedState(),
+			Response:  o.Response,
+			Failure:   o.Failure,
+			Retention: o.Retention,
+			LastError: errorText(o.Err),
+		},
+		ReviewReason:       LeaseExpiredReason,
+		TombstoneRetention: r.config.TombstoneRetention,
+		ResolvedBy:         "pgonce",
+		Reason:             fmt.Sprintf("the outcome of attempt %d came after the reconciler took the key over", o.Attempt),
+		Now:                r.nowParam(),
+	}
+	if !r.config.NotifyDisabled {
+		params.Channel = r.store.DoneChannel
+	}
+	var settled bool
+	_, err := r.retryTransient(ctx, until, func(ctx context.Context) error {
+		var err error
+		settled, err = r.store.SettleReview(ctx, params)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("settle review: %w", err)
+	}
+	if settled {
+		r.logFinal(ctx, o)
+	}
+	return settled, nil
 }
 
 // logFencedOut warns of each outcome of outs, all recorded without error,
@@ -220,6 +296,7 @@ func (r *Runner) recordUnrecordable(ctx context.Context, until time.Time, o Outc
 		"failure", string(o.Failure), "outcome_error", errorText(o.Err), "error", err)
 	review := Outcome{
 		Key:     o.Key,
+		Scope:   o.Scope,
 		Tool:    o.Tool,
 		Attempt: o.Attempt,
 		Kind:    NeedsReview,
@@ -240,7 +317,7 @@ func (r *Runner) readBackRecorded(ctx context.Context, until time.Time, outs []O
 	var attempts []store.AttemptRef
 	for _, o := range outs {
 		if !written[o.Key] {
-			attempts = append(attempts, store.AttemptRef{Key: o.Key, Attempt: o.Attempt})
+			attempts = append(attempts, store.AttemptRef{Key: o.Key, Scope: o.Scope, Attempt: o.Attempt})
 		}
 	}
 	if len(attempts) == 0 {
@@ -325,6 +402,7 @@ func (r *Runner) finish(ctx context.Context, outs []Outcome, written map[string]
 	for _, o := range outs {
 		params.Outcomes = append(params.Outcomes, store.Outcome{
 			Key:       o.Key,
+			Scope:     o.Scope,
 			Attempt:   o.Attempt,
 			State:     o.Kind.storedState(),
 			Response:  o.Response,
@@ -354,6 +432,7 @@ func (r *Runner) release(ctx context.Context, outs []Outcome, written map[string
 	for _, o := range outs {
 		params.Releases = append(params.Releases, store.Release{
 			Key:       o.Key,
+			Scope:     o.Scope,
 			Attempt:   o.Attempt,
 			Delay:     o.RetryDelay,
 			Ambiguous: o.Ambiguous,

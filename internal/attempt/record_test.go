@@ -51,13 +51,13 @@ func (b *testBundle) inFlight(t *testing.T, n int) []Outcome {
 	t.Helper()
 	outcomes := make([]Outcome, 0, n)
 	for i := range n {
-		key := fmt.Sprintf("k1_%064d", i)
+		key, scope := fmt.Sprintf("k1_%064d", i), fmt.Sprintf("%064x", i)
 		_, err := b.store.Executor().KeyInsert(t.Context(), &store.NewKey{
-			Key: key, Scope: fmt.Sprintf("%064x", i), RunID: "run", Step: int64(i), Tool: "refund",
+			Key: key, Scope: scope, RunID: "run", Step: int64(i), Tool: "refund",
 			Args: []byte(`{}`), Lease: time.Minute, Worker: "test",
 		})
 		require.NoError(t, err)
-		outcomes = append(outcomes, Outcome{Key: key, Attempt: 1, Kind: Succeeded, Response: json.RawMessage(`{}`), Retention: time.Hour})
+		outcomes = append(outcomes, Outcome{Key: key, Scope: scope, Attempt: 1, Kind: Succeeded, Response: json.RawMessage(`{}`), Retention: time.Hour})
 	}
 	return outcomes
 }

@@ -91,7 +91,7 @@ func (q *Queries) KeyCountForgettable(ctx context.Context, db DBTX, arg *KeyCoun
 
 const keyExpire = `-- name: KeyExpire :one
 WITH due AS (
-    SELECT pgonce_key.key
+    SELECT pgonce_key.scope
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.expires_at < coalesce($1::timestamptz, now())
         AND pgonce_key.state IN ('succeeded', 'failed', 'cancelled')
@@ -121,7 +121,8 @@ expired AS (
         expires_at = NULL,
         forget_at = greatest(pgonce_key.forget_at, coalesce($1::timestamptz, now()))
     FROM due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING pgonce_key.key
 ),
 decisions AS (
@@ -162,7 +163,7 @@ func (q *Queries) KeyExpire(ctx context.Context, db DBTX, arg *KeyExpireParams) 
 
 const keyForget = `-- name: KeyForget :one
 WITH due AS (
-    SELECT pgonce_key.key
+    SELECT pgonce_key.scope
     FROM /* TEMPLATE: schema */pgonce_key
     WHERE pgonce_key.forget_at < coalesce($1::timestamptz, now())
         AND pgonce_key.state = 'expired'
@@ -173,7 +174,8 @@ WITH due AS (
 deleted AS (
     DELETE FROM /* TEMPLATE: schema */pgonce_key
     USING due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING pgonce_key.key
 )
 SELECT count(*)::bigint AS forgotten

@@ -13,11 +13,11 @@ import (
 const outboxClaimBatch = `-- name: OutboxClaimBatch :many
 
 WITH due AS (
-    SELECT candidate.key
+    SELECT candidate.scope
     FROM unnest($3::text[]) AS served (tool)
     CROSS JOIN LATERAL (
         SELECT
-            pgonce_key.key,
+            pgonce_key.scope,
             pgonce_key.available_at
         FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.tool = served.tool
@@ -43,9 +43,11 @@ claimed AS (
         -- not finish the key.
         updated_at = coalesce($1::timestamptz, now())
     FROM due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.tool,
         pgonce_key.attempt,
         pgonce_key.ambiguous,
@@ -58,6 +60,7 @@ claimed AS (
 )
 SELECT
     claimed.key,
+    claimed.scope,
     coalesce(claimed.tool, '')::text AS tool,
     claimed.attempt,
     claimed.ambiguous,
@@ -97,6 +100,7 @@ type OutboxClaimBatchParams struct {
 
 type OutboxClaimBatchRow struct {
 	Key              []byte
+	Scope            []byte
 	Tool             string
 	Attempt          int32
 	Ambiguous        bool
@@ -138,6 +142,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg *OutboxClai
 		var i OutboxClaimBatchRow
 		if err := rows.Scan(
 			&i.Key,
+			&i.Scope,
 			&i.Tool,
 			&i.Attempt,
 			&i.Ambiguous,
@@ -400,12 +405,13 @@ const outboxFinish = `-- name: OutboxFinish :many
 WITH outcome AS (
     SELECT
         unnest($1::bytea[]) AS key,
-        unnest($2::integer[]) AS attempt,
-        unnest($3::text[]) AS state,
-        unnest($4::bytea[]) AS response,
-        unnest($5::bytea[]) AS failure,
-        unnest($6::bigint[]) AS retention_ms,
-        unnest($7::text[]) AS last_error
+        unnest($2::bytea[]) AS scope,
+        unnest($3::integer[]) AS attempt,
+        unnest($4::text[]) AS state,
+        unnest($5::bytea[]) AS response,
+        unnest($6::bytea[]) AS failure,
+        unnest($7::bigint[]) AS retention_ms,
+        unnest($8::text[]) AS last_error
 ),
 updated AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
@@ -420,35 +426,45 @@ updated AS (
         -- A finished key last changed when it completed; a key that went
         -- to review changed now.
         updated_at = CASE
-            WHEN outcome.state = 'needs_review' THEN coalesce($8::timestamptz, now())
+            WHEN outcome.state = 'needs_review' THEN coalesce($9::timestamptz, now())
         END,
         completed_at = CASE
-            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($8::timestamptz, now())
+            WHEN outcome.state IN ('succeeded', 'failed') THEN coalesce($9::timestamptz, now())
         END,
         expires_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed')
-                THEN coalesce($8::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
+                THEN coalesce($9::timestamptz, now()) + outcome.retention_ms * interval '1 millisecond'
         END,
         forget_at = CASE
             WHEN outcome.state IN ('succeeded', 'failed')
-                THEN coalesce($8::timestamptz, now()) + $9::bigint * interval '1 millisecond'
+                THEN coalesce($9::timestamptz, now()) + $10::bigint * interval '1 millisecond'
         END
     FROM outcome
-    WHERE pgonce_key.key = outcome.key
+    -- Each outcome's row is found through the unique scope: the planner
+    -- knows a scope matches one row even on a table it has no statistics
+    -- for. The key's own index is a hash index, which says nothing of
+    -- uniqueness: without statistics a match on it was estimated at 0.5 %
+    -- of the table, and a batch of outcomes was joined to the table by
+    -- reading all of it (30-97 ms a batch at 10^5 keys;
+    -- TestDispatchPlansNeverScanTheKeyTable). The key must match too: a
+    -- scope whose tombstone was forgotten may hold another key since.
+    WHERE pgonce_key.scope = outcome.scope
+        AND pgonce_key.key = outcome.key
         -- The fence: the row still holds the outcome's attempt, open under
         -- a lease. It is one condition on the row and its outcome together,
         -- not filters on the row alone, so that the planner finds each
-        -- outcome's row through the key index at any table size. Given
+        -- outcome's row through the scope index at any table size. Given
         -- filters of its own, the table looked one row small whenever its
         -- statistics were taken with nothing in flight, and the planner
         -- drove the join from it, rescanning every outcome for each leased
         -- row: quadratic in the batch (53 ms for 256 outcomes, against
-        -- 5–8 ms; TestBatchesProbeTheKeyIndex).
+        -- 5–8 ms; TestBatchesProbeTheScopeIndex).
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN outcome.attempt
         END
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         outcome.attempt,
         outcome.state,
         outcome.last_error
@@ -467,25 +483,25 @@ history AS (
         held.key,
         held.attempt,
         held.updated_at,
-        coalesce($8::timestamptz, now()),
+        coalesce($9::timestamptz, now()),
         held.worker,
         updated.state,
         nullif(updated.last_error, '')
     FROM updated
-    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.scope = updated.scope
     WHERE updated.state <> 'succeeded'
         OR updated.attempt > 1
     ON CONFLICT DO NOTHING
 ),
 notified AS (
-    SELECT pg_notify($10::text, string_agg('k1_' || encode(numbered.key, 'hex'), ','))
+    SELECT pg_notify($11::text, string_agg('k1_' || encode(numbered.key, 'hex'), ','))
     FROM (
         SELECT
             updated.key,
             (row_number() OVER () - 1) / 100 AS chunk
         FROM updated
     ) AS numbered
-    WHERE $10::text <> ''
+    WHERE $11::text <> ''
     GROUP BY numbered.chunk
 )
 SELECT
@@ -496,6 +512,7 @@ FROM updated
 
 type OutboxFinishParams struct {
 	Key         [][]byte
+	Scope       [][]byte
 	Attempt     []int32
 	State       []string
 	Response    [][]byte
@@ -527,6 +544,7 @@ type OutboxFinishRow struct {
 func (q *Queries) OutboxFinish(ctx context.Context, db DBTX, arg *OutboxFinishParams) ([]*OutboxFinishRow, error) {
 	rows, err := db.Query(ctx, outboxFinish,
 		arg.Key,
+		arg.Scope,
 		arg.Attempt,
 		arg.State,
 		arg.Response,
@@ -603,6 +621,7 @@ const outboxReclaimExpired = `-- name: OutboxReclaimExpired :many
 WITH expired AS (
     SELECT
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.attempt,
         pgonce_key.updated_at,
         pgonce_key.worker
@@ -622,9 +641,11 @@ reclaimed AS (
         worker = $6::text,
         updated_at = coalesce($1::timestamptz, now())
     FROM expired
-    WHERE pgonce_key.key = expired.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = expired.scope
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.tool,
         pgonce_key.attempt,
         pgonce_key.first_attempted_at,
@@ -651,11 +672,12 @@ history AS (
         expired.worker,
         'lease_expired'
     FROM reclaimed
-    JOIN expired ON expired.key = reclaimed.key
+    JOIN expired ON expired.scope = reclaimed.scope
     ON CONFLICT DO NOTHING
 )
 SELECT
     reclaimed.key,
+    reclaimed.scope,
     coalesce(reclaimed.tool, '')::text AS tool,
     reclaimed.attempt,
     reclaimed.first_attempted_at::timestamptz AS first_attempted_at,
@@ -681,6 +703,7 @@ type OutboxReclaimExpiredParams struct {
 
 type OutboxReclaimExpiredRow struct {
 	Key              []byte
+	Scope            []byte
 	Tool             string
 	Attempt          int32
 	FirstAttemptedAt time.Time
@@ -718,6 +741,7 @@ func (q *Queries) OutboxReclaimExpired(ctx context.Context, db DBTX, arg *Outbox
 		var i OutboxReclaimExpiredRow
 		if err := rows.Scan(
 			&i.Key,
+			&i.Scope,
 			&i.Tool,
 			&i.Attempt,
 			&i.FirstAttemptedAt,
@@ -742,11 +766,13 @@ const outboxRecordedAttempts = `-- name: OutboxRecordedAttempts :many
 WITH given AS (
     SELECT
         unnest($1::bytea[]) AS key,
-        unnest($2::integer[]) AS attempt
+        unnest($2::bytea[]) AS scope,
+        unnest($3::integer[]) AS attempt
 )
 SELECT pgonce_key.key
 FROM /* TEMPLATE: schema */pgonce_key
-JOIN given ON pgonce_key.key = given.key
+JOIN given ON pgonce_key.scope = given.scope
+    AND pgonce_key.key = given.key
     AND pgonce_key.attempt = given.attempt
 WHERE pgonce_key.lease_until IS NULL
 ORDER BY pgonce_key.key
@@ -754,6 +780,7 @@ ORDER BY pgonce_key.key
 
 type OutboxRecordedAttemptsParams struct {
 	Key     [][]byte
+	Scope   [][]byte
 	Attempt []int32
 }
 
@@ -763,8 +790,9 @@ type OutboxRecordedAttemptsParams struct {
 // A recorder whose statement ran but whose reply was lost (the connection
 // died on the way back) finds its retry writes nothing, and reads here what
 // the lost statement wrote.
+// Matched on the unique scope, as in OutboxFinish.
 func (q *Queries) OutboxRecordedAttempts(ctx context.Context, db DBTX, arg *OutboxRecordedAttemptsParams) ([][]byte, error) {
-	rows, err := db.Query(ctx, outboxRecordedAttempts, arg.Key, arg.Attempt)
+	rows, err := db.Query(ctx, outboxRecordedAttempts, arg.Key, arg.Scope, arg.Attempt)
 	if err != nil {
 		return nil, err
 	}
@@ -787,28 +815,31 @@ const outboxRelease = `-- name: OutboxRelease :many
 WITH released AS (
     SELECT
         unnest($1::bytea[]) AS key,
-        unnest($2::integer[]) AS attempt,
-        unnest($3::bigint[]) AS delay_ms,
-        unnest($4::boolean[]) AS ambiguous,
-        unnest($5::text[]) AS last_error
+        unnest($2::bytea[]) AS scope,
+        unnest($3::integer[]) AS attempt,
+        unnest($4::bigint[]) AS delay_ms,
+        unnest($5::boolean[]) AS ambiguous,
+        unnest($6::text[]) AS last_error
 ),
 updated AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
     SET
         lease_until = NULL,
         worker = NULL,
-        available_at = coalesce($6::timestamptz, now()) + released.delay_ms * interval '1 millisecond',
+        available_at = coalesce($7::timestamptz, now()) + released.delay_ms * interval '1 millisecond',
         ambiguous = released.ambiguous,
         last_error = released.last_error,
-        updated_at = coalesce($6::timestamptz, now())
+        updated_at = coalesce($7::timestamptz, now())
     FROM released
-    WHERE pgonce_key.key = released.key
-        -- The fence of OutboxFinish, one condition for the same reason.
+    -- The match and the fence of OutboxFinish, for the same reasons.
+    WHERE pgonce_key.scope = released.scope
+        AND pgonce_key.key = released.key
         AND pgonce_key.attempt = CASE
             WHEN pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL THEN released.attempt
         END
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         released.ambiguous,
         released.last_error
 ),
@@ -826,18 +857,18 @@ history AS (
         held.key,
         held.attempt,
         held.updated_at,
-        coalesce($6::timestamptz, now()),
+        coalesce($7::timestamptz, now()),
         held.worker,
         CASE WHEN updated.ambiguous THEN 'uncertain' ELSE 'retry' END,
         nullif(updated.last_error, '')
     FROM updated
-    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.key = updated.key
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.scope = updated.scope
     ON CONFLICT DO NOTHING
 ),
 notified AS (
-    SELECT pg_notify($7::text, '')
+    SELECT pg_notify($8::text, '')
     FROM updated
-    WHERE $7::text <> ''
+    WHERE $8::text <> ''
     LIMIT 1
 )
 SELECT
@@ -848,6 +879,7 @@ FROM updated
 
 type OutboxReleaseParams struct {
 	Key       [][]byte
+	Scope     [][]byte
 	Attempt   []int32
 	DelayMs   []int64
 	Ambiguous []bool
@@ -872,6 +904,7 @@ type OutboxReleaseRow struct {
 func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg *OutboxReleaseParams) ([]*OutboxReleaseRow, error) {
 	rows, err := db.Query(ctx, outboxRelease,
 		arg.Key,
+		arg.Scope,
 		arg.Attempt,
 		arg.DelayMs,
 		arg.Ambiguous,

@@ -305,6 +305,125 @@ func (q *Queries) KeyRetry(ctx context.Context, db DBTX, arg *KeyRetryParams) (*
 	return &i, err
 }
 
+const keySettleReview = `-- name: KeySettleReview :one
+WITH updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = ($1::text)::/* TEMPLATE: schema */pgonce_state,
+        response = $2::bytea,
+        failure = $3::bytea,
+        lease_until = NULL,
+        worker = NULL,
+        available_at = NULL,
+        last_error = nullif($4::text, ''),
+        updated_at = NULL,
+        completed_at = coalesce($5::timestamptz, now()),
+        expires_at = coalesce($5::timestamptz, now()) + $6::bigint * interval '1 millisecond',
+        forget_at = coalesce($5::timestamptz, now()) + $7::bigint * interval '1 millisecond'
+    WHERE pgonce_key.key = $8::bytea
+        AND $1::text IN ('succeeded', 'failed')
+        AND pgonce_key.attempt - 1 = $9::integer
+        AND (
+            (pgonce_key.state = 'needs_review' AND pgonce_key.last_error = $10::text)
+            OR (pgonce_key.state = 'open' AND pgonce_key.lease_until IS NOT NULL)
+        )
+        AND EXISTS (
+            SELECT 1
+            FROM /* TEMPLATE: schema */pgonce_attempt
+            WHERE pgonce_attempt.key = pgonce_key.key
+                AND pgonce_attempt.attempt = $9::integer
+                AND pgonce_attempt.outcome = 'lease_expired'
+        )
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_resolution (
+        key,
+        action,
+        resolved_by,
+        reason,
+        resolved_at
+    )
+    SELECT
+        updated.key,
+        $1::text,
+        $11::text,
+        $12::text,
+        coalesce($5::timestamptz, now())
+    FROM updated
+    RETURNING pgonce_resolution.id
+),
+notified AS (
+    SELECT pg_notify($13::text, 'k1_' || encode(updated.key, 'hex'))
+    FROM updated
+    WHERE $13::text <> ''
+)
+SELECT
+    updated.key,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM notified)::bigint AS notified
+FROM updated
+`
+
+type KeySettleReviewParams struct {
+	State        string
+	Response     []byte
+	Failure      []byte
+	LastError    string
+	Now          *time.Time
+	RetentionMs  int64
+	TombstoneMs  int64
+	Key          []byte
+	Attempt      int32
+	ReviewReason string
+	ResolvedBy   string
+	Reason       string
+	Channel      string
+}
+
+type KeySettleReviewRow struct {
+	Key      []byte
+	Recorded int64
+	Notified int64
+}
+
+// KeySettleReview records the outcome that the provider answered to the
+// given attempt, when that answer reached the store only after the
+// reconciler had taken the attempt over (its lease ran out while the worker
+// was starved of CPU, or while the network held its record): the key is
+// still at the reconciler's attempt, the one after the given one (no
+// attempt since), and the given attempt ended lease_expired; and either the
+// reconciler sent the key to review for want of the outcome (review_reason;
+// nobody resolved it since, or it would not be in review), or it holds the
+// key still, undecided. The reconciler never calls a provider, so the given
+// attempt's call is the last the key made, and its answer is the key's
+// outcome; a reconciler that decides later is fenced out. Every condition
+// but the attempt history's (written when the key was taken over) is on the
+// key's row, in the update itself, so that a concurrent decision (an
+// operator's, the reconciler's) is seen as it commits. The settlement is
+// recorded in pgonce_resolution and notified as OutboxFinish notifies; any
+// other key is left alone and no row returns.
+func (q *Queries) KeySettleReview(ctx context.Context, db DBTX, arg *KeySettleReviewParams) (*KeySettleReviewRow, error) {
+	row := db.QueryRow(ctx, keySettleReview,
+		arg.State,
+		arg.Response,
+		arg.Failure,
+		arg.LastError,
+		arg.Now,
+		arg.RetentionMs,
+		arg.TombstoneMs,
+		arg.Key,
+		arg.Attempt,
+		arg.ReviewReason,
+		arg.ResolvedBy,
+		arg.Reason,
+		arg.Channel,
+	)
+	var i KeySettleReviewRow
+	err := row.Scan(&i.Key, &i.Recorded, &i.Notified)
+	return &i, err
+}
+
 const resolutionListByKey = `-- name: ResolutionListByKey :many
 SELECT
     pgonce_resolution.action,

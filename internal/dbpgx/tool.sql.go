@@ -42,11 +42,11 @@ WITH control AS (
     WHERE pgonce_tool.tool = any($4::text[])
 ),
 due AS (
-    SELECT candidate.key
+    SELECT candidate.scope
     FROM control
     CROSS JOIN LATERAL (
         SELECT
-            pgonce_key.key,
+            pgonce_key.scope,
             pgonce_key.available_at
         FROM /* TEMPLATE: schema */pgonce_key
         WHERE pgonce_key.tool = control.tool
@@ -69,9 +69,11 @@ claimed AS (
         first_attempted_at = coalesce(pgonce_key.first_attempted_at, $1::timestamptz, now()),
         updated_at = coalesce($1::timestamptz, now())
     FROM due
-    WHERE pgonce_key.key = due.key
+    -- Rows are matched on the unique scope, as in OutboxFinish.
+    WHERE pgonce_key.scope = due.scope
     RETURNING
         pgonce_key.key,
+        pgonce_key.scope,
         pgonce_key.tool,
         pgonce_key.attempt,
         pgonce_key.ambiguous,
@@ -94,6 +96,7 @@ spent AS (
 )
 SELECT
     claimed.key,
+    claimed.scope,
     coalesce(claimed.tool, '')::text AS tool,
     claimed.attempt,
     claimed.ambiguous,
@@ -125,6 +128,7 @@ type OutboxClaimControlledParams struct {
 
 type OutboxClaimControlledRow struct {
 	Key              []byte
+	Scope            []byte
 	Tool             string
 	Attempt          int32
 	Ambiguous        bool
@@ -169,6 +173,7 @@ func (q *Queries) OutboxClaimControlled(ctx context.Context, db DBTX, arg *Outbo
 		var i OutboxClaimControlledRow
 		if err := rows.Scan(
 			&i.Key,
+			&i.Scope,
 			&i.Tool,
 			&i.Attempt,
 			&i.Ambiguous,

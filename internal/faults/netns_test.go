@@ -422,19 +422,19 @@ func TestPartitionedHost(t *testing.T) {
 	require.NoError(t, err)
 	before := map[string]outbox.Result{}
 	var late []store.Outcome
-	rows, err = b.direct.Query(ctx, `SELECT encode(key, 'hex'), attempt FROM `+table+
+	rows, err = b.direct.Query(ctx, `SELECT encode(key, 'hex'), encode(scope, 'hex'), attempt FROM `+table+
 		` WHERE encode(key, 'hex') = ANY($1::text[])`, keysOf(stranded))
 	require.NoError(t, err)
 	for rows.Next() {
-		var key string
+		var key, scope string
 		var attempt int32
-		require.NoError(t, rows.Scan(&key, &attempt))
+		require.NoError(t, rows.Scan(&key, &scope, &attempt))
 		require.Greater(t, attempt, stranded[key], "key %s must have been taken over", key)
 		res, err := b.checker.Get(ctx, outbox.Key("k1_"+key))
 		require.NoError(t, err)
 		before[key] = res
 		late = append(late, store.Outcome{
-			Key: "k1_" + key, Attempt: int(stranded[key]), State: store.StateSucceeded,
+			Key: "k1_" + key, Scope: scope, Attempt: int(stranded[key]), State: store.StateSucceeded,
 			Response: []byte(`{"late":true}`), Retention: time.Hour,
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/faults"
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -53,6 +54,61 @@ func TestRecordThroughFaults(t *testing.T) {
 		stopDispatch()
 		stopReconcile()
 		b.finish(t, faults.CheckOpts{})
+	})
+
+	// At-most-once calls answer while the workers' network to the database
+	// is gone for longer than lease and grace, and a reconciler that still
+	// reaches the database takes their keys over and sends them to review
+	// for want of their outcome: once the network is back, the outcomes
+	// the workers hold settle those reviews.
+	t.Run("OutageLongerThanLeaseAndGrace", func(t *testing.T) {
+		t.Parallel()
+		g := newGate()
+		url := pgoncetest.DatabaseURL(t)
+		proxy, err := faults.NewProxy(hostPort(t, url))
+		require.NoError(t, err)
+		proxyURL, err := proxy.URL(url)
+		require.NoError(t, err)
+		// The first attempts of at-most-once calls answer once the outage
+		// began, whatever their deadline: their provider acted and
+		// answered, and only their record is late.
+		hold := func(_ context.Context, req outbox.Request) {
+			if req.Tool != faults.ToolOnce || req.Attempt != 1 {
+				return
+			}
+			select {
+			case g.held <- struct{}{}:
+			default:
+			}
+			<-g.open
+		}
+		b := setup(t, &bundleOpts{databaseURL: proxyURL, hold: hold})
+		t.Cleanup(func() { _ = proxy.Close() })
+		for range faults.Scale(12, 48) {
+			b.load.SubmitOne(t.Context())
+		}
+		stopDispatch := b.runDispatcher(t)
+		_, reconcileDirect := runners(t, b.checker, b.grace)
+		stopReconcile := background(t, "Reconciler.Run", func(ctx context.Context) { _ = reconcileDirect(ctx) })
+		g.await(t, 2)
+		proxy.BlackHole()
+		proxy.Reset()
+		close(g.open)
+		// The reconciler has taken every held key over and sent it to
+		// review before the network is back.
+		reviewed := awaitCount(t, b, `SELECT count(*) FROM `+ident.Quote(b.schema)+`.pgonce_key
+			WHERE state = 'needs_review' AND attempt = 2`, 2)
+		proxy.Heal()
+		// The connections that fell into the black hole stay there.
+		proxy.Reset()
+		tally.Fault("proxy_outage_past_grace")
+		stopDispatch() // after the records of the held outcomes
+		stopReconcile()
+		b.finish(t, faults.CheckOpts{})
+		var settled int
+		require.NoError(t, b.direct.QueryRow(t.Context(), `SELECT count(*) FROM `+ident.Quote(b.schema)+
+			`.pgonce_resolution WHERE resolved_by = 'pgonce'`).Scan(&settled))
+		require.Positive(t, settled, "of %d reviews, the late outcomes settled none", reviewed)
 	})
 
 	// Some calls answer several megabytes over a link so slow
@@ -128,4 +184,22 @@ func TestRecordThroughFaults(t *testing.T) {
 		stopReconcile()
 		b.finish(t, faults.CheckOpts{})
 	})
+}
+
+// awaitCount waits until query, a count on b's direct pool, reaches at
+// least n, and returns it; it fails t if it has not within commitTimeout.
+func awaitCount(t *testing.T, b *bundle, query string, n int) int {
+	t.Helper()
+	deadline := time.Now().Add(commitTimeout)
+	for {
+		var got int
+		require.NoError(t, b.direct.QueryRow(t.Context(), query).Scan(&got))
+		if got >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d within %s: %s", got, n, commitTimeout, query)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -44,7 +44,7 @@ func TestAttemptHistory(t *testing.T) {
 			_, err := exec.KeyInsert(ctx, first)
 			require.NoError(t, err)
 			written, err := s.Finish(ctx, &store.FinishParams{Now: at(time.Second), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-				{Key: first.Key, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{}`), Retention: time.Minute},
+				{Key: first.Key, Scope: first.Scope, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{}`), Retention: time.Minute},
 			}})
 			require.NoError(t, err)
 			require.Equal(t, []string{first.Key}, written)
@@ -56,7 +56,7 @@ func TestAttemptHistory(t *testing.T) {
 			_, err = exec.KeyInsert(ctx, refund)
 			require.NoError(t, err)
 			written, err = s.Release(ctx, &store.ReleaseParams{Now: at(2 * time.Second), Releases: []store.Release{
-				{Key: refund.Key, Attempt: 1, LastError: "503 Service Unavailable"},
+				{Key: refund.Key, Scope: refund.Scope, Attempt: 1, LastError: "503 Service Unavailable"},
 			}})
 			require.NoError(t, err)
 			require.Equal(t, []string{refund.Key}, written)
@@ -64,14 +64,14 @@ func TestAttemptHistory(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, 2, claimed.Attempt)
 			_, err = s.Release(ctx, &store.ReleaseParams{Now: at(11 * time.Second), Releases: []store.Release{
-				{Key: refund.Key, Attempt: 2, Ambiguous: true, LastError: "timeout after 30s"},
+				{Key: refund.Key, Scope: refund.Scope, Attempt: 2, Ambiguous: true, LastError: "timeout after 30s"},
 			}})
 			require.NoError(t, err)
 			batch, err := s.ClaimBatch(ctx, &store.ClaimBatchParams{Tools: []string{"refund"}, Max: 10, Lease: time.Minute, Worker: "worker-c", Now: at(20 * time.Second)})
 			require.NoError(t, err)
 			require.Len(t, batch, 1)
 			written, err = s.Finish(ctx, &store.FinishParams{Now: at(21 * time.Second), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-				{Key: refund.Key, Attempt: 3, State: store.StateFailed, Failure: []byte(`{"code":"declined"}`), Retention: time.Minute, LastError: "card declined"},
+				{Key: refund.Key, Scope: refund.Scope, Attempt: 3, State: store.StateFailed, Failure: []byte(`{"code":"declined"}`), Retention: time.Minute, LastError: "card declined"},
 			}})
 			require.NoError(t, err)
 			require.Equal(t, []string{refund.Key}, written)
@@ -96,12 +96,12 @@ func TestAttemptHistory(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, reclaimed, 1)
 			written, err = s.Finish(ctx, &store.FinishParams{Now: at(6 * time.Minute), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-				{Key: lost.Key, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{}`), Retention: time.Minute},
+				{Key: lost.Key, Scope: lost.Scope, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{}`), Retention: time.Minute},
 			}})
 			require.NoError(t, err)
 			require.Empty(t, written, "fenced out")
 			written, err = s.Finish(ctx, &store.FinishParams{Now: at(7 * time.Minute), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-				{Key: lost.Key, Attempt: 2, State: store.StateSucceeded, Response: []byte(`{"found":true}`), Retention: time.Minute},
+				{Key: lost.Key, Scope: lost.Scope, Attempt: 2, State: store.StateSucceeded, Response: []byte(`{"found":true}`), Retention: time.Minute},
 			}})
 			require.NoError(t, err)
 			require.Equal(t, []string{lost.Key}, written)

@@ -99,7 +99,11 @@ type KeyRow struct {
 // ClaimedKey is a key claimed in flight by [Store.ClaimBatch],
 // [Store.ClaimKey] or [Store.ReclaimExpired].
 type ClaimedKey struct {
-	Key     string
+	Key string
+	// Scope is the key's scope, in its text form: the statements that
+	// record the attempt's outcome find the key's row by it (see
+	// [Outcome]). Unset for a key of ClaimKey, whose caller knows it.
+	Scope   string
 	Tool    string
 	Attempt int
 	// Ambiguous reports that an earlier attempt may have acted. A reclaimed
@@ -158,7 +162,12 @@ type ReclaimExpiredParams struct {
 
 // Outcome is the final outcome of one attempt, for [Store.Finish].
 type Outcome struct {
-	Key     string
+	Key string
+	// Scope is the key's scope, in its text form. The statement finds the
+	// key's row through the unique scope, the one index that tells the
+	// planner a match is one row on a table it has no statistics for, and
+	// writes it only if it holds Key too.
+	Scope   string
 	Attempt int
 	// State is StateSucceeded, StateFailed or StateNeedsReview.
 	State     State
@@ -179,7 +188,9 @@ type FinishParams struct {
 
 // Release is an attempt to put back to pending, for [Store.Release].
 type Release struct {
-	Key       string
+	Key string
+	// Scope is the key's scope, as in [Outcome].
+	Scope     string
 	Attempt   int
 	Delay     time.Duration
 	Ambiguous bool
@@ -196,7 +207,9 @@ type ReleaseParams struct {
 
 // AttemptRef names one attempt of a key.
 type AttemptRef struct {
-	Key     string
+	Key string
+	// Scope is the key's scope, as in [Outcome].
+	Scope   string
 	Attempt int
 }
 
@@ -296,6 +309,7 @@ func (s *Store) ClaimBatch(ctx context.Context, p *ClaimBatchParams) ([]*Claimed
 		for _, row := range rows {
 			claimed = append(claimed, &ClaimedKey{
 				Key:              keyText(row.Key),
+				Scope:            hexText(row.Scope),
 				Tool:             row.Tool,
 				Attempt:          int(row.Attempt),
 				Ambiguous:        row.Ambiguous,
@@ -358,6 +372,7 @@ func (s *Store) ReclaimExpired(ctx context.Context, p *ReclaimExpiredParams) ([]
 		for _, row := range rows {
 			claimed = append(claimed, &ClaimedKey{
 				Key:              keyText(row.Key),
+				Scope:            hexText(row.Scope),
 				Tool:             row.Tool,
 				Attempt:          int(row.Attempt),
 				Ambiguous:        true,
@@ -385,6 +400,7 @@ func (s *Store) Finish(ctx context.Context, p *FinishParams) ([]string, error) {
 	}
 	for _, o := range p.Outcomes {
 		params.Key = append(params.Key, keyDigest(o.Key))
+		params.Scope = append(params.Scope, hexDigest(o.Scope))
 		params.Attempt = append(params.Attempt, int32(o.Attempt)) //nolint:gosec // attempts stay small
 		params.State = append(params.State, string(o.State))
 		params.Response = append(params.Response, o.Response)
@@ -409,6 +425,7 @@ func (s *Store) Release(ctx context.Context, p *ReleaseParams) ([]string, error)
 	params := &dbpgx.OutboxReleaseParams{Now: p.Now, Channel: p.Channel}
 	for _, r := range p.Releases {
 		params.Key = append(params.Key, keyDigest(r.Key))
+		params.Scope = append(params.Scope, hexDigest(r.Scope))
 		params.Attempt = append(params.Attempt, int32(r.Attempt)) //nolint:gosec // attempts stay small
 		params.DelayMs = append(params.DelayMs, r.Delay.Milliseconds())
 		params.Ambiguous = append(params.Ambiguous, r.Ambiguous)
@@ -431,6 +448,7 @@ func (s *Store) RecordedAttempts(ctx context.Context, attempts []AttemptRef) ([]
 	params := &dbpgx.OutboxRecordedAttemptsParams{}
 	for _, a := range attempts {
 		params.Key = append(params.Key, keyDigest(a.Key))
+		params.Scope = append(params.Scope, hexDigest(a.Scope))
 		params.Attempt = append(params.Attempt, int32(a.Attempt)) //nolint:gosec // attempts stay small
 	}
 	var keys []string
@@ -588,6 +606,54 @@ func (s *Store) Resolve(ctx context.Context, p *ResolveParams) error {
 		})
 		return err
 	})
+}
+
+// SettleReviewParams are the parameters of [Store.SettleReview].
+type SettleReviewParams struct {
+	// Outcome is the late outcome: its key, the attempt whose provider
+	// answered, and a State of StateSucceeded or StateFailed.
+	Outcome Outcome
+	// ReviewReason is the error the reconciler's review gave.
+	ReviewReason       string
+	TombstoneRetention time.Duration
+	// ResolvedBy and Reason are recorded with the settlement.
+	ResolvedBy string
+	Reason     string
+	// Channel, when not empty, is notified with the settled key.
+	Channel string
+	Now     *time.Time
+}
+
+// SettleReview records p.Outcome, fenced out by the reconciler's takeover
+// of its attempt, on a key the reconciler sent to review for want of it (or
+// holds still, undecided), and records the settlement; see KeySettleReview
+// in queries/resolution.sql. It reports whether the key was settled: false
+// leaves any other key as it was.
+func (s *Store) SettleReview(ctx context.Context, p *SettleReviewParams) (bool, error) {
+	var settled bool
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		_, err := q.KeySettleReview(ctx, db, &dbpgx.KeySettleReviewParams{
+			State:        string(p.Outcome.State),
+			Response:     p.Outcome.Response,
+			Failure:      p.Outcome.Failure,
+			LastError:    p.Outcome.LastError,
+			Now:          p.Now,
+			RetentionMs:  p.Outcome.Retention.Milliseconds(),
+			TombstoneMs:  p.TombstoneRetention.Milliseconds(),
+			Key:          keyDigest(p.Outcome.Key),
+			Attempt:      int32(p.Outcome.Attempt), //nolint:gosec // attempts stay small
+			ReviewReason: p.ReviewReason,
+			ResolvedBy:   p.ResolvedBy,
+			Reason:       p.Reason,
+			Channel:      p.Channel,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		settled = err == nil
+		return err
+	})
+	return settled, err
 }
 
 // ResolutionsByKey returns the recorded decisions on key, oldest first.

@@ -116,7 +116,7 @@ func TestOperations(t *testing.T) {
 
 				written, err := s.Finish(ctx, &store.FinishParams{
 					Outcomes: []store.Outcome{
-						{Key: key.Key, Attempt: 2, State: store.StateSucceeded, Response: []byte(`{}`), Retention: time.Hour},
+						{Key: key.Key, Scope: key.Scope, Attempt: 2, State: store.StateSucceeded, Response: []byte(`{}`), Retention: time.Hour},
 					},
 					TombstoneRetention: time.Hour,
 				})
@@ -124,13 +124,13 @@ func TestOperations(t *testing.T) {
 				require.Empty(t, written, "fenced out: attempt 2 does not hold the key")
 				written, err = s.Finish(ctx, &store.FinishParams{
 					Outcomes: []store.Outcome{
-						{Key: key.Key, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{"ok":true}`), Retention: time.Hour},
+						{Key: key.Key, Scope: key.Scope, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{"ok":true}`), Retention: time.Hour},
 					},
 					TombstoneRetention: time.Hour,
 				})
 				require.NoError(t, err)
 				require.Equal(t, []string{key.Key}, written)
-				recorded, err := s.RecordedAttempts(ctx, []store.AttemptRef{{Key: key.Key, Attempt: 1}})
+				recorded, err := s.RecordedAttempts(ctx, []store.AttemptRef{{Key: key.Key, Scope: key.Scope, Attempt: 1}})
 				require.NoError(t, err)
 				require.Equal(t, []string{key.Key}, recorded)
 				_, err = s.QueueEntry(ctx, key.Key)

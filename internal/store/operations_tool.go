@@ -314,6 +314,7 @@ func (s *Store) ClaimControlled(ctx context.Context, p *ClaimBatchParams) ([]*Cl
 		for _, row := range rows {
 			claimed = append(claimed, &ClaimedKey{
 				Key:              keyText(row.Key),
+				Scope:            hexText(row.Scope),
 				Tool:             row.Tool,
 				Attempt:          int(row.Attempt),
 				Ambiguous:        row.Ambiguous,

@@ -93,15 +93,15 @@ func (node planNode) walk(fn func(planNode)) {
 	}
 }
 
-// TestBatchesProbeTheKeyIndex checks the generic plans of the statements
+// TestBatchesProbeTheScopeIndex checks the generic plans of the statements
 // that record a batch of outcomes: no plan rescans the outcomes for each row
 // of the table (every nested loop reads the table on its inner side, a probe
 // per outcome), and a table of any size past a few pages is read through
-// the key index. Driven from the lease index or a scan of the table, whose
+// the unique scope index, which the outcomes carry. Driven from the lease index or a scan of the table, whose
 // statistics (taken, as here, while nothing was in flight) promised one
 // row, they rescanned every outcome for every leased key: a quadratic join
 // that took 53 ms for 256 outcomes against 5–8 ms.
-func TestBatchesProbeTheKeyIndex(t *testing.T) {
+func TestBatchesProbeTheScopeIndex(t *testing.T) {
 	t.Parallel()
 
 	for _, finished := range []int{0, 20_000} {
@@ -149,14 +149,14 @@ func TestBatchesProbeTheKeyIndex(t *testing.T) {
 			}
 			finish := &store.FinishParams{TombstoneRetention: time.Hour}
 			for _, c := range claim() {
-				finish.Outcomes = append(finish.Outcomes, store.Outcome{Key: c.Key, Attempt: c.Attempt, State: "succeeded", Response: []byte(`{}`), Retention: time.Hour})
+				finish.Outcomes = append(finish.Outcomes, store.Outcome{Key: c.Key, Scope: c.Scope, Attempt: c.Attempt, State: "succeeded", Response: []byte(`{}`), Retention: time.Hour})
 			}
 			written, err := s.Finish(ctx, finish)
 			require.NoError(t, err)
 			require.Len(t, written, keys/2)
 			release := &store.ReleaseParams{}
 			for _, c := range claim() {
-				release.Releases = append(release.Releases, store.Release{Key: c.Key, Attempt: c.Attempt, Delay: time.Second})
+				release.Releases = append(release.Releases, store.Release{Key: c.Key, Scope: c.Scope, Attempt: c.Attempt, Delay: time.Second})
 			}
 			written, err = s.Release(ctx, release)
 			require.NoError(t, err)
@@ -167,9 +167,9 @@ func TestBatchesProbeTheKeyIndex(t *testing.T) {
 				var plans []struct{ Plan planNode }
 				require.NoError(t, json.Unmarshal([]byte(text), &plans))
 				require.Len(t, plans, 1)
-				keyIndex := false
+				scopeIndex := false
 				plans[0].Plan.walk(func(node planNode) {
-					keyIndex = keyIndex || node.Index == "pgonce_key_pkey"
+					scopeIndex = scopeIndex || node.Index == "pgonce_key_scope_key"
 					require.NotEqual(t, "pgonce_key_lease_idx", node.Index, "%s: the join is driven from the lease index:\n%s", name, text)
 					if node.NodeType == "Nested Loop" {
 						inner := node.Plans[1]
@@ -177,7 +177,7 @@ func TestBatchesProbeTheKeyIndex(t *testing.T) {
 					}
 				})
 				if finished > 0 {
-					require.True(t, keyIndex, "%s: each outcome probes the key index:\n%s", name, text)
+					require.True(t, scopeIndex, "%s: each outcome probes the scope index:\n%s", name, text)
 				}
 			}
 		})

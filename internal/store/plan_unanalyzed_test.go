@@ -101,7 +101,7 @@ func TestDispatchPlansNeverScanTheKeyTable(t *testing.T) {
 	}
 	finish := &store.FinishParams{TombstoneRetention: time.Hour}
 	for _, c := range claim(100) {
-		finish.Outcomes = append(finish.Outcomes, store.Outcome{Key: c.Key, Attempt: c.Attempt, State: "succeeded", Response: []byte(`{}`), Retention: time.Hour})
+		finish.Outcomes = append(finish.Outcomes, store.Outcome{Key: c.Key, Scope: c.Scope, Attempt: c.Attempt, State: "succeeded", Response: []byte(`{}`), Retention: time.Hour})
 	}
 	written, err := s.Finish(ctx, finish)
 	require.NoError(t, err)
@@ -109,8 +109,8 @@ func TestDispatchPlansNeverScanTheKeyTable(t *testing.T) {
 	var recorded []store.AttemptRef
 	release := &store.ReleaseParams{}
 	for _, c := range claim(100) {
-		release.Releases = append(release.Releases, store.Release{Key: c.Key, Attempt: c.Attempt, Delay: time.Second})
-		recorded = append(recorded, store.AttemptRef{Key: c.Key, Attempt: c.Attempt})
+		release.Releases = append(release.Releases, store.Release{Key: c.Key, Scope: c.Scope, Attempt: c.Attempt, Delay: time.Second})
+		recorded = append(recorded, store.AttemptRef{Key: c.Key, Scope: c.Scope, Attempt: c.Attempt})
 	}
 	written, err = s.Release(ctx, release)
 	require.NoError(t, err)
