@@ -108,7 +108,11 @@ type Config struct {
 	// maintenance, and how often the others ask to be elected. The leader
 	// holds its leadership for three intervals and renews it every interval,
 	// so a crashed leader is replaced within three intervals; one that stops
-	// hands leadership over at once. Defaults to
+	// hands leadership over at once. It is also how often the dispatcher
+	// reads which tools have flow control when no notification tells it
+	// (see outbox.Client.Pause): a pause or limit of a tool that had none,
+	// made by a client with NotifyDisabled or while this dispatcher was not
+	// listening, takes effect here within this interval. Defaults to
 	// [MaintenanceIntervalDefault]; the development preset sets
 	// [MaintenanceIntervalDevelopment].
 	MaintenanceInterval time.Duration

@@ -78,7 +78,7 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		logger:     config.Logger,
 		workerID:   ident.WorkerID(clientConfig.WorkerID),
 		reconciler: reconciler,
-		controls:   newControls(config.PollInterval),
+		controls:   newControls(config.MaintenanceInterval),
 	}, nil
 }
 
@@ -562,10 +562,15 @@ func (d *Dispatcher[TTx]) startListener(ctx context.Context, background *sync.Wa
 // when its connection drops. Every (re)connection calls onNotify too, to
 // catch up on what arrived while not listening: a notification this
 // listener missed may have started a client's cooldown, whose submits then
-// wait for the trailing claim that onNotify arms.
+// wait for the trailing claim that onNotify arms; and it makes the next
+// claim read the tools' flow control again, whose change may have been
+// notified meanwhile.
 func (d *Dispatcher[TTx]) listen(ctx context.Context, onNotify func()) {
 	d.store.ListenLoop(ctx, []string{d.store.WorkChannel}, d.client.Config().StatementTimeout,
-		onNotify,
+		func() {
+			d.controls.invalidate()
+			onNotify()
+		},
 		func(n *pgconn.Notification) {
 			if isToolNotification(n.Payload) {
 				d.controls.invalidate()

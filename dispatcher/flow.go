@@ -23,8 +23,13 @@ const toolNotificationPrefix = "tool:"
 // controls is the dispatcher's view of which of its tools have flow control
 // (a row in pgonce_tool): their keys are claimed by the controlled claim,
 // every other tool's by the plain one, which never reads pgonce_tool. It is
-// read again every PollInterval, and at once when a notification says a
-// tool's flow control changed.
+// read at the first claim, again at the claim after a notification says a
+// tool's flow control changed or the listener (re)connected (notifications
+// sent while it was not listening are lost), and otherwise every readEvery
+// (MaintenanceInterval): the bound on how late a dispatcher that hears no
+// notification learns that a tool without a row got one. A tool that loses
+// its row needs no notification: the controlled claim finds it rowless and
+// hands its keys to the plain claim at once.
 type controls struct {
 	mu        sync.Mutex
 	tools     map[string]bool

@@ -1,7 +1,10 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -237,83 +240,94 @@ type ToolBudget struct {
 // control row any more (cleared, or forgotten by this claim because it
 // controls nothing: no limit, no pause, a slow-down that ended): its keys
 // are for the plain claim.
+//
+// The transaction is one pipeline, one round trip: ToolLock, ToolForget
+// and OutboxClaimControlled, sent together and run in one implicit
+// transaction. Each statement takes its snapshot when it starts, so the
+// claim, which starts once the lock is granted, reads what the claim it
+// waited for committed. The claim reads the control rows of Tools that
+// exist when it starts: those ToolLock locked and ToolForget kept, and, in
+// the one case of a tool whose row was created (again) between the two
+// statements, a row it did not lock, whose budget then bounds this claim
+// without ordering it after other claims (as a claim made before a
+// dispatcher learns of a new row, a plain one, is not bounded at all).
 func (s *Store) ClaimControlled(ctx context.Context, p *ClaimBatchParams) ([]*ClaimedKey, []ToolBudget, error) {
 	var (
 		claimed []*ClaimedKey
 		budgets []ToolBudget
 	)
-	err := s.connFunc(ctx, func(conn *pgx.Conn) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			db := pgxTemplated{db: tx, tpl: s.template}
-			locked, err := s.queries.ToolLock(ctx, db, &dbpgx.ToolLockParams{Tools: p.Tools, Now: p.Now})
-			if err != nil {
-				return err
-			}
-			var idle []string
-			for _, row := range locked {
-				if row.MaxInFlight == nil && row.Rate == nil && !row.Paused && (row.NotBefore == nil || !row.NotBefore.After(row.Now)) {
-					idle = append(idle, row.Tool)
-				}
-			}
-			forgotten := map[string]bool{}
-			if len(idle) > 0 {
-				gone, err := s.queries.ToolForget(ctx, db, &dbpgx.ToolForgetParams{Tools: idle, Now: p.Now})
-				if err != nil {
-					return err
-				}
-				for _, tool := range gone {
-					forgotten[tool] = true
-				}
-			}
-			budgets = make([]ToolBudget, 0, len(locked))
-			tools := make([]string, 0, len(locked))
-			for _, row := range locked {
-				if forgotten[row.Tool] {
-					continue
-				}
-				tools = append(tools, row.Tool)
-				b := ToolBudget{Tool: row.Tool, Paused: row.Paused, NotBefore: row.NotBefore, Waiting: row.Waiting, Now: row.Now}
-				if row.MaxInFlight != nil {
-					b.MaxInFlight = int(*row.MaxInFlight)
-				}
-				if row.NotBefore != nil && !row.NotBefore.After(row.Now) {
-					b.NotBefore = nil
-				}
-				if row.Rate != nil && row.Tokens != nil && row.RefilledAt != nil && row.Burst != nil {
-					b.Rate, b.Burst = *row.Rate, int(*row.Burst)
-					b.Tokens = min(float64(*row.Burst), *row.Tokens+*row.Rate*max(0, row.Now.Sub(*row.RefilledAt).Seconds()))
-				}
-				budgets = append(budgets, b)
-			}
-			if len(tools) == 0 {
-				return nil
-			}
-			rows, err := s.queries.OutboxClaimControlled(ctx, db, &dbpgx.OutboxClaimControlledParams{
-				Now:             p.Now,
-				Tools:           tools,
-				ReplicatedTools: p.ReplicatedTools,
-				MaxRows:         int32(p.Max), //nolint:gosec // bounded by the caller's batch size
-				LeaseMs:         p.Lease.Milliseconds(),
-				Worker:          p.Worker,
-			})
-			for _, row := range rows {
-				claimed = append(claimed, &ClaimedKey{
-					Key:              keyText(row.Key),
-					Scope:            hexText(row.Scope),
-					Tool:             row.Tool,
-					Attempt:          int(row.Attempt),
-					Ambiguous:        row.Ambiguous,
-					FirstAttemptedAt: row.FirstAttemptedAt,
-					LeaseUntil:       row.LeaseUntil,
-					NaturalID:        row.NaturalID,
-					Args:             row.Args,
-					Metadata:         row.Metadata,
-					AvailableAt:      row.AvailableAt,
-					Now:              row.Now,
-				})
-			}
+	lockParams := &dbpgx.ToolLockParams{Tools: p.Tools, Now: p.Now}
+	forgetParams := &dbpgx.ToolForgetParams{Tools: p.Tools, Now: p.Now}
+	claimParams := &dbpgx.OutboxClaimControlledParams{
+		Now:             p.Now,
+		Tools:           p.Tools,
+		ReplicatedTools: p.ReplicatedTools,
+		MaxRows:         int32(p.Max), //nolint:gosec // bounded by the caller's batch size
+		LeaseMs:         p.Lease.Milliseconds(),
+		Worker:          p.Worker,
+	}
+	var batch pgx.Batch
+	queue := pgxTemplated{db: batchQueue{batch: &batch}, tpl: s.template}
+	for _, err := range []error{
+		func() error { _, err := s.queries.ToolLock(ctx, queue, lockParams); return err }(),
+		func() error { _, err := s.queries.ToolForget(ctx, queue, forgetParams); return err }(),
+		func() error { _, err := s.queries.OutboxClaimControlled(ctx, queue, claimParams); return err }(),
+	} {
+		if !queued(err) {
+			return nil, nil, fmt.Errorf("queue controlled claim: %w", err)
+		}
+	}
+	err := s.connFunc(ctx, func(conn *pgx.Conn) (err error) {
+		results := conn.SendBatch(ctx, &batch)
+		defer func() { err = cmp.Or(err, results.Close()) }()
+		db := batchReplay{results: results}
+		locked, err := s.queries.ToolLock(ctx, db, lockParams)
+		if err != nil {
 			return err
-		})
+		}
+		gone, err := s.queries.ToolForget(ctx, db, forgetParams)
+		if err != nil {
+			return err
+		}
+		rows, err := s.queries.OutboxClaimControlled(ctx, db, claimParams)
+		if err != nil {
+			return err
+		}
+		budgets = make([]ToolBudget, 0, len(locked))
+		for _, row := range locked {
+			if slices.Contains(gone, row.Tool) {
+				continue
+			}
+			b := ToolBudget{Tool: row.Tool, Paused: row.Paused, NotBefore: row.NotBefore, Waiting: row.Waiting, Now: row.Now}
+			if row.MaxInFlight != nil {
+				b.MaxInFlight = int(*row.MaxInFlight)
+			}
+			if row.NotBefore != nil && !row.NotBefore.After(row.Now) {
+				b.NotBefore = nil
+			}
+			if row.Rate != nil && row.Tokens != nil && row.RefilledAt != nil && row.Burst != nil {
+				b.Rate, b.Burst = *row.Rate, int(*row.Burst)
+				b.Tokens = min(float64(*row.Burst), *row.Tokens+*row.Rate*max(0, row.Now.Sub(*row.RefilledAt).Seconds()))
+			}
+			budgets = append(budgets, b)
+		}
+		for _, row := range rows {
+			claimed = append(claimed, &ClaimedKey{
+				Key:              keyText(row.Key),
+				Scope:            hexText(row.Scope),
+				Tool:             row.Tool,
+				Attempt:          int(row.Attempt),
+				Ambiguous:        row.Ambiguous,
+				FirstAttemptedAt: row.FirstAttemptedAt,
+				LeaseUntil:       row.LeaseUntil,
+				NaturalID:        row.NaturalID,
+				Args:             row.Args,
+				Metadata:         row.Metadata,
+				AvailableAt:      row.AvailableAt,
+				Now:              row.Now,
+			})
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, nil, s.interpretError(ctx, err)
