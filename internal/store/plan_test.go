@@ -39,6 +39,18 @@ func (r *statementRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, da
 
 func (r *statementRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// TraceBatchStart, TraceBatchQuery and TraceBatchEnd record the statements
+// a pipeline sends, as TraceQueryStart records those sent alone.
+func (r *statementRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *statementRecorder) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	r.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: data.SQL, Args: data.Args})
+}
+
+func (r *statementRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 func (r *statementRecorder) statement(t *testing.T, name string) pgx.TraceQueryStartData {
 	t.Helper()
 	r.mu.Lock()

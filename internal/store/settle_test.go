@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +34,14 @@ func TestSettleReview(t *testing.T) {
 				now := base.Add(d)
 				return &now
 			}
+			// scopeOf is the scope newKey gives the key it names.
+			scopeOf := func(key string) string {
+				n, err := strconv.ParseInt(strings.TrimPrefix(key, "k1_"), 10, 64)
+				if err != nil {
+					panic(err)
+				}
+				return fmt.Sprintf("%064x", n)
+			}
 			// takenOver inserts key n in flight at attempt 1 for a worker,
 			// lets the reconciler take it over at attempt 2 after its
 			// lease, and sends it to review for why, as the reconciler does
@@ -51,7 +61,7 @@ func TestSettleReview(t *testing.T) {
 				require.NoError(t, err)
 				require.Len(t, reclaimed, 1)
 				written, err := s.Finish(ctx, &store.FinishParams{Now: at(5 * time.Minute), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-					{Key: key.Key, Attempt: 2, State: store.StateNeedsReview, LastError: why},
+					{Key: key.Key, Scope: scopeOf(key.Key), Attempt: 2, State: store.StateNeedsReview, LastError: why},
 				}})
 				require.NoError(t, err)
 				require.Equal(t, []string{key.Key}, written)
@@ -77,7 +87,7 @@ func TestSettleReview(t *testing.T) {
 				t.Parallel()
 				key := takenOver(t, 1, reason)
 				written, err := s.Finish(ctx, &store.FinishParams{Now: at(6 * time.Minute), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-					{Key: key, Attempt: 1, State: store.StateSucceeded, Response: []byte(`{"refund":"r_1"}`), Retention: time.Hour},
+					{Key: key, Scope: scopeOf(key), Attempt: 1, State: store.StateSucceeded, Response: []byte(`{"refund":"r_1"}`), Retention: time.Hour},
 				}})
 				require.NoError(t, err)
 				require.Empty(t, written, "fenced out")
@@ -131,7 +141,7 @@ func TestSettleReview(t *testing.T) {
 				require.True(t, settled)
 				require.Equal(t, store.StateSucceeded, state(t, key.Key))
 				written, err := s.Finish(ctx, &store.FinishParams{Now: at(6 * time.Minute), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-					{Key: key.Key, Attempt: 2, State: store.StateNeedsReview, LastError: reason},
+					{Key: key.Key, Scope: scopeOf(key.Key), Attempt: 2, State: store.StateNeedsReview, LastError: reason},
 				}})
 				require.NoError(t, err)
 				require.Empty(t, written, "the reconciler's review is fenced out")
@@ -182,7 +192,7 @@ func TestSettleReview(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 3, claimed.Attempt)
 				written, err := s.Finish(ctx, &store.FinishParams{Now: at(7 * time.Minute), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-					{Key: key, Attempt: 3, State: store.StateNeedsReview, LastError: reason},
+					{Key: key, Scope: scopeOf(key), Attempt: 3, State: store.StateNeedsReview, LastError: reason},
 				}})
 				require.NoError(t, err)
 				require.Equal(t, []string{key}, written)
@@ -211,13 +221,13 @@ func TestSettleReview(t *testing.T) {
 				key.Lease, key.Worker, key.Now = time.Minute, "worker", at(0)
 				_, err := exec.KeyInsert(ctx, key)
 				require.NoError(t, err)
-				_, err = s.Release(ctx, &store.ReleaseParams{Now: at(time.Second), Releases: []store.Release{{Key: key.Key, Attempt: 1, LastError: "503"}}})
+				_, err = s.Release(ctx, &store.ReleaseParams{Now: at(time.Second), Releases: []store.Release{{Key: key.Key, Scope: scopeOf(key.Key), Attempt: 1, LastError: "503"}}})
 				require.NoError(t, err)
 				claimed, err := s.ClaimKey(ctx, &store.ClaimKeyParams{Key: key.Key, Lease: time.Minute, Worker: "worker", Now: at(2 * time.Second)})
 				require.NoError(t, err)
 				require.Equal(t, 2, claimed.Attempt)
 				_, err = s.Finish(ctx, &store.FinishParams{Now: at(3 * time.Second), TombstoneRetention: time.Hour, Outcomes: []store.Outcome{
-					{Key: key.Key, Attempt: 2, State: store.StateNeedsReview, LastError: reason},
+					{Key: key.Key, Scope: scopeOf(key.Key), Attempt: 2, State: store.StateNeedsReview, LastError: reason},
 				}})
 				require.NoError(t, err)
 				settled, err := s.SettleReview(ctx, late(key.Key, 1))
