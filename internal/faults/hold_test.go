@@ -113,11 +113,12 @@ func (h *holder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.Trac
 	default:
 		return ctx
 	}
-	if len(data.Args) < 2 {
+	// Both statements take the batch's keys, scopes and attempts first.
+	if len(data.Args) < 3 {
 		return ctx
 	}
 	keys, _ := data.Args[0].([][]byte)
-	attempts, _ := data.Args[1].([]int32)
+	attempts, _ := data.Args[2].([]int32)
 	e := holdEvent{Event: "record", Statement: name}
 	h.mu.Lock()
 	for i, k := range keys {
