@@ -195,3 +195,22 @@ var tooLongToday = map[string]bool{
 	"internal/console/pages.go":    true,
 	"internal/store/operations.go": true,
 }
+
+// TestNoInitFunction keeps the wiring visible: no library file has an init
+// function, so that no package registers itself with another behind the
+// import graph's back; what one package needs of another is passed when it
+// is made.
+func TestNoInitFunction(t *testing.T) {
+	t.Parallel()
+
+	for _, file := range libraryFiles(t) {
+		fset := token.NewFileSet()
+		parsed, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, decl := range parsed.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Name.Name == "init" {
+				t.Errorf("%s has an init function", fset.Position(fn.Pos()))
+			}
+		}
+	}
+}
