@@ -203,19 +203,8 @@ func TestNoLibraryFileIsTooLong(t *testing.T) {
 		data, err := os.ReadFile(file)
 		require.NoError(t, err)
 		lines := strings.Count(string(data), "\n")
-		if tooLongToday[filepath.ToSlash(file)] {
-			require.Greater(t, lines, libraryFileMaxLines, "%s is short enough now: drop it from tooLongToday", file)
-			continue
-		}
 		require.LessOrEqual(t, lines, libraryFileMaxLines, "%s has %d lines", file, lines)
 	}
-}
-
-// tooLongToday are the library files over the limit when it was set, each
-// still to be split by concept. The list only shrinks.
-var tooLongToday = map[string]bool{
-	"cmd/pgonce/internal/console/pages.go": true,
-	"internal/store/operations.go":         true,
 }
 
 // TestNoInitFunction keeps the wiring visible: no library file has an init
