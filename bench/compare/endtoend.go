@@ -22,7 +22,7 @@ import (
 func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool) ([]result, error) {
 	type variant struct {
 		name string
-		run  func(context.Context, string) (span, *latencyLog, error)
+		run  func(context.Context, string, int, submitFunc) (span, *latencyLog, error)
 	}
 	variants := []variant{
 		{endToEndPgonce, env.endToEndPgonce},
@@ -33,7 +33,7 @@ func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool
 		if err := env.warm(ctx, env.s.e2eCallers); err != nil {
 			return results, err
 		}
-		measured, log, err := v.run(ctx, fmt.Sprintf("e2e/%d/%s", round, v.name))
+		measured, log, err := v.run(ctx, fmt.Sprintf("e2e/%d/%s", round, v.name), env.s.e2eCalls, env.closedLoop)
 		env.releaseIdle()
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", v.name, err)
@@ -63,7 +63,7 @@ func (env *environment) businessInsert() string {
 
 func businessAccount(n int64) string { return fmt.Sprintf("account-%d", n) }
 
-func (env *environment) endToEndPgonce(ctx context.Context, runID string) (span, *latencyLog, error) {
+func (env *environment) endToEndPgonce(ctx context.Context, runID string, count int, submit submitFunc) (span, *latencyLog, error) {
 	if err := env.truncate(ctx, env.businessTable(), env.pgonceTable()); err != nil {
 		return span{}, nil, err
 	}
@@ -98,13 +98,13 @@ func (env *environment) endToEndPgonce(ctx context.Context, runID string) (span,
 		return span{}, nil, stopped(err)
 	}
 
-	log := newLatencyLog(env.s.e2eCalls)
-	reached = env.pgonceCounter.expect(env.s.e2eCalls, log)
+	log := newLatencyLog(count)
+	reached = env.pgonceCounter.expect(count, log)
 	timing, err := env.startTiming(ctx)
 	if err != nil {
 		return span{}, nil, stopped(err)
 	}
-	_, err = env.commitBlock(ctx, env.s.e2eCallers, env.s.e2eCalls, func(ctx context.Context, n int64) error {
+	err = submit(ctx, count, func(ctx context.Context, n int64) error {
 		return pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
 			if err := env.businessRow(ctx, tx, n); err != nil {
 				return err
@@ -124,7 +124,7 @@ func (env *environment) endToEndPgonce(ctx context.Context, runID string) (span,
 	return measured, log, stopped(err)
 }
 
-func (env *environment) endToEndRiver(ctx context.Context, runID string) (span, *latencyLog, error) {
+func (env *environment) endToEndRiver(ctx context.Context, runID string, count int, submit submitFunc) (span, *latencyLog, error) {
 	if err := env.truncate(ctx, env.businessTable(), env.riverTable()); err != nil {
 		return span{}, nil, err
 	}
@@ -161,13 +161,13 @@ func (env *environment) endToEndRiver(ctx context.Context, runID string) (span, 
 		return span{}, nil, stopped(err)
 	}
 
-	log := newLatencyLog(env.s.e2eCalls)
-	reached = counter.expect(env.s.e2eCalls, log)
+	log := newLatencyLog(count)
+	reached = counter.expect(count, log)
 	timing, err := env.startTiming(ctx)
 	if err != nil {
 		return span{}, nil, stopped(err)
 	}
-	_, err = env.commitBlock(ctx, env.s.e2eCallers, env.s.e2eCalls, func(ctx context.Context, n int64) error {
+	err = submit(ctx, count, func(ctx context.Context, n int64) error {
 		return pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
 			if err := env.businessRow(ctx, tx, n); err != nil {
 				return err

@@ -2,9 +2,9 @@
 // through both libraries' public APIs, with a no-op provider and a no-op
 // worker: the drain of a backlog, the enqueue inside a caller's transaction
 // beside a business row, and the end-to-end path with commit-to-call
-// latency. It also runs pgbench over the two statements a pgonce claim and
-// batch completion need (pgonce's physical model), so that every figure can
-// be read against that floor.
+// latency, closed loop and at paced loads. It also runs pgbench over the
+// two statements a pgonce claim and batch completion need (pgonce's
+// physical model), so that every figure can be read against that floor.
 //
 // Every measurement runs once per round; the rounds alternate the order of
 // the variants, so that a machine that slows down or speeds up during the
@@ -67,6 +67,8 @@ func run(ctx context.Context, s settings) error {
 				phaseResults, err = env.runEnqueue(ctx, round, forward)
 			case phaseEndToEnd:
 				phaseResults, err = env.runEndToEnd(ctx, round, forward)
+			case phasePaced:
+				phaseResults, err = env.runPaced(ctx, round, forward)
 			case phaseFloor:
 				if s.measures(floorPgbench) {
 					phaseResults, err = env.runFloor(ctx, round)

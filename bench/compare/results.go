@@ -94,8 +94,11 @@ func (r result) rate() float64 { return float64(r.count) / r.elapsed.Seconds() }
 
 func (r result) String() string {
 	s := fmt.Sprintf("%-7s %-30s", r.phase, r.variant)
-	if r.phase == phaseEnqueue {
+	switch r.phase {
+	case phaseEnqueue:
 		s += fmt.Sprintf(" %2d clients", r.clients)
+	case phasePaced:
+		s += fmt.Sprintf(" %5d/s", r.clients)
 	}
 	s += fmt.Sprintf(" %8d in %8s: %10.0f/s", r.count, r.elapsed.Round(time.Millisecond), r.rate())
 	if w := r.walPerCall(); w > 0 {
@@ -269,8 +272,11 @@ func (sum summary) text(env *environment) string {
 			fmt.Fprintf(&b, "\n%s (%s)\n", phaseTitle(phase), se.unit)
 		}
 		label := se.variant
-		if se.phase == phaseEnqueue {
+		switch se.phase {
+		case phaseEnqueue:
 			label = fmt.Sprintf("%s, %d clients", se.variant, se.clients)
+		case phasePaced:
+			label = fmt.Sprintf("%s, paced at %d/s", se.variant, se.clients)
 		}
 		lo, hi := slices.Min(se.rates), slices.Max(se.rates)
 		fmt.Fprintf(&b, "  %-44s %10.0f   (%.0f–%.0f)", label, median(se.rates), lo, hi)
@@ -308,6 +314,8 @@ func phaseTitle(phase string) string {
 		return "caller transactions: a business row, and the library's insert beside it"
 	case phaseEndToEnd:
 		return "end to end: callers submit while one dispatcher or client runs the calls"
+	case phasePaced:
+		return "paced: callers submit at a steady rate while one dispatcher or client runs the calls"
 	case phaseFloor:
 		return "floor: pgbench over pgonce's claim and batch completion"
 	}

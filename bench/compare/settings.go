@@ -18,10 +18,11 @@ const (
 	phaseDrain    = "drain"
 	phaseEnqueue  = "enqueue"
 	phaseEndToEnd = "e2e"
+	phasePaced    = "paced"
 	phaseFloor    = "floor"
 )
 
-var allPhases = []string{phaseDrain, phaseEnqueue, phaseEndToEnd, phaseFloor}
+var allPhases = []string{phaseDrain, phaseEnqueue, phaseEndToEnd, phasePaced, phaseFloor}
 
 // settings are the run's sizes and places, read from the environment.
 type settings struct {
@@ -43,6 +44,10 @@ type settings struct {
 	// e2eCallers goroutines.
 	e2eCalls   int
 	e2eCallers int
+	// pacedRates are the loads of the paced phase, in caller transactions
+	// a second, each held for pacedSeconds.
+	pacedRates   []int
+	pacedSeconds int
 
 	// floorRows is how many due rows the pgbench model drains, floorClients
 	// its pgbench clients and floorBatch the rows each claim takes.
@@ -68,13 +73,15 @@ type settings struct {
 //	PGONCE_COMPARE_DATABASE_URL  database (else PGONCE_TEST_DATABASE_URL, else the local server)
 //	PGONCE_COMPARE_QUICK=1       the smoke profile: every size below much smaller
 //	PGONCE_COMPARE_ROUNDS        rounds (default 5; quick 2)
-//	PGONCE_COMPARE_PHASES        phases to run, comma-separated (default drain,enqueue,e2e,floor)
+//	PGONCE_COMPARE_PHASES        phases to run, comma-separated (default drain,enqueue,e2e,paced,floor)
 //	PGONCE_COMPARE_VARIANTS      variants to run, by name, comma-separated (default every one)
 //	PGONCE_COMPARE_DRAIN         calls per drain (default 40000; quick 2000)
 //	PGONCE_COMPARE_ENQUEUE       transactions per enqueue block (default 3000; quick 150)
 //	PGONCE_COMPARE_CLIENTS       enqueue clients, comma-separated (default 1,8,16)
 //	PGONCE_COMPARE_E2E           calls submitted end to end (default 20000; quick 800)
-//	PGONCE_COMPARE_E2E_CALLERS   submitting goroutines end to end (default 16)
+//	PGONCE_COMPARE_E2E_CALLERS   submitting goroutines end to end and paced (default 16)
+//	PGONCE_COMPARE_PACED_RATES   paced loads, transactions a second, comma-separated (default 500,2000,5000)
+//	PGONCE_COMPARE_PACED_SECONDS seconds each paced load lasts (default 10; quick 2)
 //	PGONCE_COMPARE_FLOOR_ROWS    rows the pgbench model drains (default 200000; quick 10000)
 //	PGONCE_COMPARE_FLOOR_CLIENTS pgbench clients (default 4)
 //	PGONCE_COMPARE_FLOOR_BATCH   rows per pgbench claim (default 500)
@@ -110,6 +117,7 @@ func loadSettings() (settings, error) {
 	s.enqueueTx = intVar("PGONCE_COMPARE_ENQUEUE", pick(3_000, 150))
 	s.e2eCalls = intVar("PGONCE_COMPARE_E2E", pick(20_000, 800))
 	s.e2eCallers = intVar("PGONCE_COMPARE_E2E_CALLERS", 16)
+	s.pacedSeconds = intVar("PGONCE_COMPARE_PACED_SECONDS", pick(10, 2))
 	s.floorRows = intVar("PGONCE_COMPARE_FLOOR_ROWS", pick(200_000, 10_000))
 	s.floorClients = intVar("PGONCE_COMPARE_FLOOR_CLIENTS", 4)
 	s.floorBatch = intVar("PGONCE_COMPARE_FLOOR_BATCH", 500)
@@ -118,6 +126,8 @@ func loadSettings() (settings, error) {
 	clients, err := envInts("PGONCE_COMPARE_CLIENTS", []int{1, 8, 16})
 	errs = append(errs, err)
 	s.enqueueClients = clients
+	s.pacedRates, err = envInts("PGONCE_COMPARE_PACED_RATES", []int{500, 2_000, 5_000})
+	errs = append(errs, err)
 
 	s.phases, err = envNames("PGONCE_COMPARE_PHASES", "phase", allPhases)
 	errs = append(errs, err)
