@@ -56,12 +56,10 @@ func TestMigrationsImportNothingInternal(t *testing.T) {
 }
 
 // internalAboveThePublicAPI are the internal packages that import a public
-// package. The console is the operator console's server, a user of outbox
-// as cmd/pgonce is; the others are test harnesses and example support,
-// which build on the public API by design. Any other internal package sits
-// beneath every public one.
+// package: test harnesses and example support, which build on the public
+// API by design and which only tests import (TestTestMachineryOnlyInTests).
+// Any other internal package sits beneath every public one.
 var internalAboveThePublicAPI = map[string][]string{
-	modulePath + "/internal/console":               {modulePath + "/outbox"},
 	modulePath + "/internal/exampledb":             {modulePath + "/migrations"},
 	modulePath + "/internal/faults":                {modulePath + "/outbox"},
 	modulePath + "/internal/pgoncetest":            {modulePath + "/migrations"},
@@ -81,6 +79,32 @@ func TestInternalImportsNoPublicPackage(t *testing.T) {
 			}
 			require.True(t, slices.Contains(internalAboveThePublicAPI[pkg], imp),
 				"%s imports the public package %s", pkg, imp)
+		}
+	}
+}
+
+// TestTestMachineryOnlyInTests checks that the internal packages allowed
+// above the public API (internalAboveThePublicAPI) are test machinery: no
+// library package depends on them, only tests, the runnable examples and
+// other test machinery do.
+func TestTestMachineryOnlyInTests(t *testing.T) {
+	t.Parallel()
+
+	machinery := func(pkg string) bool {
+		for above := range internalAboveThePublicAPI {
+			if pkg == above || strings.HasPrefix(pkg, above+"/") {
+				return true
+			}
+		}
+		return pkg == modulePath+"/internal/failover" || strings.HasPrefix(pkg, modulePath+"/examples/")
+	}
+	for pkg, deps := range listPackages(t, "Deps", "./...") {
+		if machinery(pkg) {
+			continue
+		}
+		for _, dep := range deps {
+			_, above := internalAboveThePublicAPI[dep]
+			require.False(t, above, "the library package %s depends on the test machinery %s", pkg, dep)
 		}
 	}
 }
@@ -179,19 +203,25 @@ func TestNoLibraryFileIsTooLong(t *testing.T) {
 		data, err := os.ReadFile(file)
 		require.NoError(t, err)
 		lines := strings.Count(string(data), "\n")
-		if tooLongToday[filepath.ToSlash(file)] {
-			require.Greater(t, lines, libraryFileMaxLines, "%s is short enough now: drop it from tooLongToday", file)
-			continue
-		}
 		require.LessOrEqual(t, lines, libraryFileMaxLines, "%s has %d lines", file, lines)
 	}
 }
 
-// tooLongToday are the library files over the limit when it was set, each
-// still to be split by concept. The list only shrinks.
-var tooLongToday = map[string]bool{
-	"cmd/pgonce/command_demo.go":   true,
-	"idempotency/middleware.go":    true,
-	"internal/console/pages.go":    true,
-	"internal/store/operations.go": true,
+// TestNoInitFunction keeps the wiring visible: no library file has an init
+// function, so that no package registers itself with another behind the
+// import graph's back; what one package needs of another is passed when it
+// is made.
+func TestNoInitFunction(t *testing.T) {
+	t.Parallel()
+
+	for _, file := range libraryFiles(t) {
+		fset := token.NewFileSet()
+		parsed, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, decl := range parsed.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Name.Name == "init" {
+				t.Errorf("%s has an init function", fset.Position(fn.Pos()))
+			}
+		}
+	}
 }

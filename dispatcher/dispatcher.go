@@ -319,9 +319,15 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 			replicated = append(replicated, name)
 		}
 	}
-	controlled, plain, err := d.controls.split(ctx, d.store, tools)
+	controlled, plain, released, err := d.controls.split(ctx, d.store, tools, claimedAt)
 	if err != nil {
 		return nil, wait, fmt.Errorf("read tool flow control: %w", err)
+	}
+	if !released.IsZero() {
+		wait = min(wait, max(released.Sub(claimedAt), time.Millisecond))
+	}
+	if len(controlled) == 0 && len(plain) == 0 {
+		return nil, wait, nil // every tool is held: nothing to claim yet
 	}
 	var (
 		rows []*store.ClaimedKey
@@ -353,7 +359,11 @@ func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attemp
 		for _, row := range rows {
 			perTool[row.Tool]++
 		}
-		wait = controlWait(budgets, perTool, claimAt, wait)
+		var holds map[string]time.Duration
+		wait, holds = controlWait(budgets, perTool, claimAt, wait)
+		for tool, after := range holds {
+			d.controls.hold(tool, time.Now().Add(after))
+		}
 		held = heldTools(budgets, perTool, limit)
 		limit -= len(rows)
 	}

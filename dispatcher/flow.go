@@ -30,9 +30,15 @@ const toolNotificationPrefix = "tool:"
 // notification learns that a tool without a row got one. A tool that loses
 // its row needs no notification: the controlled claim finds it rowless and
 // hands its keys to the plain claim at once.
+//
+// A controlled tool whose claim found no budget for its due keys until a
+// known time (the next tokens of its rate, the end of a slow-down) is held
+// until then: the claims in between, which a freed slot or a notification
+// of new work starts, leave it out and do not lock its row for nothing.
 type controls struct {
 	mu        sync.Mutex
 	tools     map[string]bool
+	held      map[string]time.Time
 	readAt    time.Time
 	stale     bool
 	readEvery time.Duration
@@ -42,10 +48,22 @@ func newControls(readEvery time.Duration) *controls {
 	return &controls{readEvery: readEvery, stale: true}
 }
 
-// invalidate makes the next claim read the tools' flow control again.
+// invalidate makes the next claim read the tools' flow control again, and
+// claim the tools it held: a changed limit may have given them budget.
 func (c *controls) invalidate() {
 	c.mu.Lock()
 	c.stale = true
+	clear(c.held)
+	c.mu.Unlock()
+}
+
+// hold leaves tool out of the claims until until.
+func (c *controls) hold(tool string, until time.Time) {
+	c.mu.Lock()
+	if c.held == nil {
+		c.held = map[string]time.Time{}
+	}
+	c.held[tool] = until
 	c.mu.Unlock()
 }
 
@@ -65,20 +83,23 @@ func (c *controls) forget(tools []string) {
 	c.mu.Lock()
 	for _, tool := range tools {
 		delete(c.tools, tool)
+		delete(c.held, tool)
 	}
 	c.mu.Unlock()
 }
 
 // split returns which of tools are controlled and which are not, reading
-// the flow control again first when it is due.
-func (c *controls) split(ctx context.Context, s *store.Store, tools []string) (controlled, plain []string, err error) {
+// the flow control again first when it is due. Controlled tools held at
+// now are in neither: released is the earliest time one of them may be
+// claimed again (zero when none is held).
+func (c *controls) split(ctx context.Context, s *store.Store, tools []string, now time.Time) (controlled, plain []string, released time.Time, err error) {
 	c.mu.Lock()
 	due := c.stale || time.Since(c.readAt) >= c.readEvery
 	c.mu.Unlock()
 	if due {
 		rows, err := s.ToolControls(ctx, nil)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, time.Time{}, err
 		}
 		read := make(map[string]bool, len(rows))
 		for _, row := range rows {
@@ -91,16 +112,22 @@ func (c *controls) split(ctx context.Context, s *store.Store, tools []string) (c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.tools) == 0 {
-		return nil, tools, nil
+		return nil, tools, time.Time{}, nil
 	}
 	for _, tool := range tools {
-		if c.tools[tool] {
-			controlled = append(controlled, tool)
-		} else {
+		switch until, held := c.held[tool]; {
+		case !c.tools[tool]:
 			plain = append(plain, tool)
+		case held && now.Before(until):
+			if released.IsZero() || until.Before(released) {
+				released = until
+			}
+		default:
+			delete(c.held, tool)
+			controlled = append(controlled, tool)
 		}
 	}
-	return controlled, plain, nil
+	return controlled, plain, released, nil
 }
 
 // isToolNotification reports whether a work notification's payload says
@@ -113,29 +140,45 @@ func isToolNotification(payload string) bool {
 // again, given how many keys of each the claim took (claimed), the claim's
 // batch threshold (claimAt), and poll, the wait when nothing is known
 // sooner. A paused tool waits for its resume's notification, or poll.
-func controlWait(budgets []store.ToolBudget, claimed map[string]int, claimAt int, poll time.Duration) time.Duration {
-	wait := poll
+// holds are the tools whose due keys have no budget before a known time,
+// the end of a slow-down or the tokens of a worthwhile claim, and how long
+// from the claim (the budgets' clock) until then: claims sooner would
+// find none, whatever frees a slot meanwhile.
+func controlWait(budgets []store.ToolBudget, claimed map[string]int, claimAt int, poll time.Duration) (wait time.Duration, holds map[string]time.Duration) {
+	wait = poll
+	hold := func(tool string, d time.Duration) {
+		d = max(d, time.Millisecond)
+		if holds == nil {
+			holds = map[string]time.Duration{}
+		}
+		holds[tool] = d
+		wait = min(wait, d)
+	}
 	for _, b := range budgets {
 		if !b.Waiting || b.Paused {
 			continue
 		}
 		if b.NotBefore != nil {
-			wait = min(wait, b.NotBefore.Sub(b.Now)+time.Millisecond)
+			hold(b.Tool, b.NotBefore.Sub(b.Now)+time.Millisecond)
 			continue
 		}
 		if b.Rate > 0 {
 			// Come back when enough tokens for a worthwhile claim have
-			// accrued, not for every single one.
+			// accrued, not for every single one. The bucket holds
+			// Tokens at Now less what the claim spent, and fills at Rate
+			// from there: the claim refilled it to its own, later clock
+			// and no further, so that no token is lost in between.
 			want := max(1, min(float64(claimAt), float64(b.Burst)/4))
 			if left := b.Tokens - float64(claimed[b.Tool]); left < want {
-				wait = min(wait, time.Duration((want-left)/b.Rate*float64(time.Second))+time.Millisecond)
+				hold(b.Tool, time.Duration((want-left)/b.Rate*float64(time.Second))+time.Millisecond)
+				continue
 			}
 		}
 		if b.MaxInFlight > 0 {
 			wait = min(wait, controlPollMin)
 		}
 	}
-	return max(wait, time.Millisecond)
+	return max(wait, time.Millisecond), holds
 }
 
 // throttle applies a provider's slow down of out (out.SlowDown > 0): the

@@ -142,3 +142,37 @@ func mustDispatcherWith[TTx any](t *testing.T, client *outbox.Client[TTx], confi
 	require.NoError(t, err)
 	return d
 }
+
+func TestFlowRateHeldToolWaitsForItsTokens(t *testing.T) {
+	t.Parallel()
+	drivertest.All(t, testFlowRateHeldToolWaitsForItsTokens[pgx.Tx], testFlowRateHeldToolWaitsForItsTokens[*sql.Tx])
+}
+
+// testFlowRateHeldToolWaitsForItsTokens drains a backlog of a tool limited
+// to 5 calls a second, one at a time, with a dispatcher whose every call
+// frees a slot and wakes its claim loop: the dispatcher claims the tool
+// again when its next token is due, not at every wake-up before it, when
+// the claim would lock the tool's row to find no token. About one
+// controlled claim a key; claiming at every wake-up took two.
+func testFlowRateHeldToolWaitsForItsTokens[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
+	_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{Rate: 5, Burst: 1},
+		outbox.LimitParams{By: "test", Reason: "five a second"})
+	require.NoError(t, err)
+	const keys = 10
+	submitted := bundle.submitAll(t, bundle.client, callsFrom("refund", 0, keys))
+	pool, counter := countedPool(t, driver.URL(t))
+	client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: bundle.registry})
+	start(t, mustDispatcherWith(t, client, dispatcher.Config{
+		PollInterval: 10 * time.Second, Concurrency: 10, BatchSize: 10, MaintenanceDisabled: true,
+	}))
+	for _, key := range submitted {
+		awaitState(t, bundle.client, key, outbox.StateSucceeded)
+	}
+	// One claim a token, the first claim's, and one after the listener
+	// connected (it reads the tools' flow control again and claims held
+	// tools at once).
+	require.LessOrEqual(t, counter.count("ToolLock"), keys+2,
+		"controlled claims for %d keys at one token each", keys)
+}

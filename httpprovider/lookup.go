@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/pgonce/pgonce/internal/header"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -48,7 +49,7 @@ func NewLookup(config Config, lookup LookupConfig) (*LookupProvider, error) {
 	switch {
 	case lookup.URLFunc == nil:
 		return nil, fmt.Errorf("%w: LookupConfig.URLFunc is required", ErrInvalidConfig)
-	case !validToken(lookup.Method):
+	case !header.ValidToken(lookup.Method):
 		return nil, fmt.Errorf("%w: LookupConfig.Method %q must be a method name", ErrInvalidConfig, lookup.Method)
 	}
 	return &LookupProvider{Provider: p, lookup: lookup}, nil

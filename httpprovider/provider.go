@@ -213,9 +213,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: URL or URLFunc is required", ErrInvalidConfig)
 	case c.URL != "" && !validURL(c.URL):
 		return fmt.Errorf("%w: URL %q must be an absolute http or https URL", ErrInvalidConfig, c.URL)
-	case !validToken(c.KeyHeader):
+	case !header.ValidToken(c.KeyHeader):
 		return fmt.Errorf("%w: KeyHeader %q must be a header name", ErrInvalidConfig, c.KeyHeader)
-	case !validToken(c.Method):
+	case !header.ValidToken(c.Method):
 		return fmt.Errorf("%w: Method %q must be a method name", ErrInvalidConfig, c.Method)
 	case c.Redirects != RedirectsNone && c.Redirects != RedirectsSameOrigin:
 		return fmt.Errorf("%w: unknown Redirects %d", ErrInvalidConfig, int(c.Redirects))
@@ -223,7 +223,7 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: Timeout, MaxResponseBytes, RetryAfterMax and KeyRetention must not be negative", ErrInvalidConfig)
 	}
 	for _, name := range c.KeepHeaders {
-		if !validToken(name) {
+		if !header.ValidToken(name) {
 			return fmt.Errorf("%w: KeepHeaders: %q must be a header name", ErrInvalidConfig, name)
 		}
 	}
@@ -265,21 +265,6 @@ func portOf(u *url.URL) string {
 func validURL(raw string) bool {
 	u, err := url.Parse(raw)
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
-}
-
-// validToken reports whether s is an RFC 9110 token, as header names and
-// methods are.
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := range len(s) {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // validHeaderValue reports whether s can be sent as a header value as is.

@@ -49,6 +49,35 @@ func TestRegister(t *testing.T) {
 	})
 }
 
+func TestNewRefusesInvalidConfig(t *testing.T) {
+	t.Parallel()
+	drivertest.Each(t, testNewRefusesInvalidConfig, testNewRefusesInvalidConfig)
+}
+
+func testNewRefusesInvalidConfig[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	registry := outbox.NewRegistry()
+	require.NoError(t, idempotency.Register(registry, idempotency.ToolDefault, outbox.AtMostOnce, nil))
+	client := driver.Client(t, outbox.Config{Schema: pgoncetest.Schema(t), Registry: registry})
+	for name, config := range map[string]idempotency.Config{
+		"UnknownMode":              {Mode: idempotency.Mode(7)},
+		"KeyTooLong":               {MaxKeyLength: outbox.CallStringMaxBytes + 1},
+		"NegativeWaitTimeout":      {WaitTimeout: -time.Second},
+		"HeaderNotAName":           {Header: "Idempotency Key"},
+		"KeepHeadersNotANameSpace": {KeepHeaders: []string{"Request-Id", "Request Id"}},
+		"KeepHeadersNotANameColon": {KeepHeaders: []string{"Location:"}},
+		"KeepHeadersEmptyName":     {KeepHeaders: []string{""}},
+	} {
+		for _, mode := range []idempotency.Mode{idempotency.ModeTx, idempotency.ModeLease} {
+			if config.Mode == 0 {
+				config.Mode = mode
+			}
+			_, err := wrapOver(t, client, config, http.NotFoundHandler())
+			require.ErrorIs(t, err, idempotency.ErrInvalidConfig, "%s in mode %d", name, mode)
+		}
+	}
+}
+
 func TestNewRefusesAToolNotRegistered(t *testing.T) {
 	t.Parallel()
 	drivertest.Each(t, testNewRefusesAToolNotRegistered, testNewRefusesAToolNotRegistered)

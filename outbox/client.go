@@ -25,7 +25,10 @@ type Client[TTx any] struct {
 	driver   store.Driver[TTx]
 	store    *store.Store
 	attempts *attempt.Runner
-	waiters  waiters
+	// runnerHandle carries attempts to the dispatcher and reconciler
+	// packages.
+	runnerHandle
+	waiters waiters
 	// observer, nil when none, is told of prunes and operator actions (and,
 	// through attempts, of the batches of dispatchers and reconcilers).
 	observer observe.Observer
@@ -92,6 +95,7 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 	c := &Client[TTx]{config: config, driver: driver, store: driver.Store(), observer: observe.Of(config.Middleware)}
 	c.store.ListenOver(config.ListenConnectFunc, config.Pooling == PoolingTransaction)
 	c.attempts = newRunner(c)
+	c.runnerHandle = attempt.NewHandle(c.attempts)
 	return c, nil
 }
 

@@ -209,10 +209,8 @@ func sqlLiteral(t *testing.T, arg any) string {
 func TestListPlanAtOneMillionKeys(t *testing.T) {
 	t.Parallel()
 	schema := pgoncetest.Schema(t)
-	// The subtests run after this function returns, once the package's
-	// other parallel tests leave them room, which on a busy machine can be
-	// minutes later: the context ends with the test, not with the function
-	// nor after a fixed time.
+	// The test's context lasts until its parallel subtests end; no
+	// deadline of its own, which a busy machine would overrun.
 	ctx := t.Context()
 	pool := pgoncetest.Pool(t)
 	quoted := `"` + schema + `"`

@@ -175,9 +175,8 @@ func testRun[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 func TestRunPlanAtOneMillionKeys(t *testing.T) {
 	t.Parallel()
 	schema := pgoncetest.Schema(t)
-	// Its parallel subtests run once the package's other parallel tests
-	// leave them room, minutes later on a busy machine: the context ends
-	// with the test, not after a fixed time.
+	// The test's context lasts until its parallel subtests end; no
+	// deadline of its own, which a busy machine would overrun.
 	ctx := t.Context()
 	millionKeys(t, ctx, schema)
 	// The scope frame of KEYSPEC.md, for tenant "" and run-5000.

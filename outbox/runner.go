@@ -8,18 +8,10 @@ import (
 	"github.com/pgonce/pgonce/internal/attempt"
 )
 
-// The dispatcher and reconciler packages reach a client's attempt runner
-// through [attempt.Of], without an exported accessor on Client.
-func init() {
-	attempt.RegisterOf(func(client any) *attempt.Runner {
-		if c, ok := client.(interface{ runner() *attempt.Runner }); ok {
-			return c.runner()
-		}
-		return nil
-	})
-}
-
-func (c *Client[TTx]) runner() *attempt.Runner { return c.attempts }
+// runnerHandle is the handle through which the dispatcher and reconciler
+// packages reach a client's runner ([attempt.Of]); unexported, so that it
+// stays out of the client's documentation.
+type runnerHandle = attempt.Handle
 
 // newRunner returns the attempt runner of a client with config.
 func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {

@@ -220,9 +220,8 @@ func (st *statsTracer) reset() map[string]tracedStatement {
 func TestStatsPlanAtOneMillionKeys(t *testing.T) {
 	t.Parallel()
 	schema := pgoncetest.Schema(t)
-	// Its parallel subtests run once the package's other parallel tests
-	// leave them room, minutes later on a busy machine: the context ends
-	// with the test, not after a fixed time.
+	// The test's context lasts until its parallel subtests end; no
+	// deadline of its own, which a busy machine would overrun.
 	ctx := t.Context()
 	millionKeys(t, ctx, schema)
 	truth := trueKeyCounts(t, ctx, schema)

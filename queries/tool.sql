@@ -376,36 +376,49 @@ RETURNING pgonce_tool.tool;
 -- the previous claim of the tool left. The bucket's clock is the wall
 -- clock (clock_timestamp), not the transaction's start: a claim that
 -- waited for the lock must not refill from a time before the claim it
--- waited for.
-WITH control AS (
+-- waited for. It is read once (clock), and the bucket is refilled up to
+-- that instant and no further: the tokens that accrue while the claim
+-- runs are the next claim's, not lost.
+WITH clock AS (
+    SELECT coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) AS at
+),
+bucket AS (
     SELECT
         pgonce_tool.tool,
         pgonce_tool.rate,
+        pgonce_tool.max_in_flight,
+        pgonce_tool.paused_at,
+        pgonce_tool.not_before,
+        clock.at,
         least(
             pgonce_tool.burst::double precision,
-            pgonce_tool.tokens + pgonce_tool.rate * greatest(0, extract(epoch FROM
-                coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) - pgonce_tool.refilled_at))::double precision
-        ) AS tokens,
+            pgonce_tool.tokens + pgonce_tool.rate * greatest(0, extract(epoch FROM clock.at - pgonce_tool.refilled_at))::double precision
+        ) AS tokens
+    FROM /* TEMPLATE: schema */pgonce_tool
+    CROSS JOIN clock
+    WHERE pgonce_tool.tool = any(@tools::text[])
+),
+control AS (
+    SELECT
+        bucket.tool,
+        bucket.rate,
+        bucket.at,
+        bucket.tokens,
         greatest(0, CASE
-            WHEN pgonce_tool.paused_at IS NOT NULL THEN 0
-            WHEN pgonce_tool.not_before > coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) THEN 0
+            WHEN bucket.paused_at IS NOT NULL THEN 0
+            WHEN bucket.not_before > bucket.at THEN 0
             ELSE least(
                 @max_rows::integer,
-                pgonce_tool.max_in_flight - (
+                bucket.max_in_flight - (
                     SELECT count(*)
                     FROM /* TEMPLATE: schema */pgonce_key
                     WHERE pgonce_key.lease_until IS NOT NULL
-                        AND pgonce_key.tool = pgonce_tool.tool
+                        AND pgonce_key.tool = bucket.tool
                 )::integer,
-                floor(least(
-                    pgonce_tool.burst::double precision,
-                    pgonce_tool.tokens + pgonce_tool.rate * greatest(0, extract(epoch FROM
-                        coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()) - pgonce_tool.refilled_at))::double precision
-                ))::integer
+                floor(bucket.tokens)::integer
             )
         END) AS budget
-    FROM /* TEMPLATE: schema */pgonce_tool
-    WHERE pgonce_tool.tool = any(@tools::text[])
+    FROM bucket
 ),
 due AS (
     SELECT candidate.scope
@@ -454,7 +467,7 @@ spent AS (
     UPDATE /* TEMPLATE: schema */pgonce_tool
     SET
         tokens = control.tokens - (SELECT count(*) FROM claimed WHERE claimed.tool = control.tool),
-        refilled_at = coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())
+        refilled_at = control.at
     FROM control
     WHERE pgonce_tool.tool = control.tool
         AND control.rate IS NOT NULL

@@ -15,16 +15,11 @@ import (
 	"github.com/pgonce/pgonce/internal/observe"
 )
 
-// A client observes its dispatchers', reconcilers' and operators' work
-// through the first [Telemetry] among its middleware.
-func init() {
-	observe.RegisterOf(func(middleware any) observe.Observer {
-		if t, ok := middleware.(*Telemetry); ok && t != nil {
-			return (*observer)(t)
-		}
-		return nil
-	})
-}
+// observerSource is the handle through which a client finds, among its
+// middleware, the first Telemetry, and observes its dispatchers',
+// reconcilers' and operators' work through it; unexported, so that it stays
+// out of Telemetry's documentation.
+type observerSource = observe.Source
 
 // Attributes of the batch, maintenance and operator spans.
 const (

@@ -156,6 +156,10 @@ type Telemetry struct {
 	// its replacements.
 	tools   atomic.Pointer[map[string]*toolTelemetry]
 	toolsMu sync.Mutex
+
+	// observerSource makes this Telemetry the observer of the clients
+	// whose middleware it is.
+	observerSource
 }
 
 var _ outbox.Middleware = (*Telemetry)(nil)
@@ -233,6 +237,7 @@ func New(config Config) (*Telemetry, error) {
 		return nil, fmt.Errorf("telemetry: gauges: %w", err)
 	}
 	tel.tools.Store(&map[string]*toolTelemetry{})
+	tel.observerSource = observe.NewSource((*observer)(tel))
 	return tel, nil
 }
 

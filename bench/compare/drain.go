@@ -68,6 +68,9 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 		{drainPgonceDefault, func(ctx context.Context, id string) (span, error) {
 			return env.drainPgonce(ctx, id, dispatcher.Config{})
 		}},
+		{drainPgonceLimited, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonceLimited(ctx, id)
+		}},
 		{drainPgonceFreshAnalyzed, func(ctx context.Context, id string) (span, error) {
 			return env.drainPgonceFresh(ctx, id, true, false)
 		}},
@@ -107,6 +110,20 @@ func (env *environment) drainPgonce(ctx context.Context, runID string, config di
 		return span{}, err
 	}
 	return env.drainPgonceIn(ctx, env.pgoncePgx, table, runID, config, true)
+}
+
+// drainPgonceLimited is the tuned drain of the tool under limits that
+// never bind; they are cleared when it ends, whatever it measured.
+func (env *environment) drainPgonceLimited(ctx context.Context, runID string) (span, error) {
+	params := outbox.LimitParams{By: "compare", Reason: "the cost of limits that never bind"}
+	if _, err := env.pgoncePgx.SetToolLimits(ctx, compareTool, outbox.ToolLimits{MaxInFlight: 1_000_000, Rate: 1_000_000}, params); err != nil {
+		return span{}, fmt.Errorf("set limits: %w", err)
+	}
+	measured, err := env.drainPgonce(ctx, runID, pgonceTunedConfig())
+	if _, clearErr := env.pgoncePgx.SetToolLimits(context.WithoutCancel(ctx), compareTool, outbox.ToolLimits{}, params); clearErr != nil {
+		err = errors.Join(err, fmt.Errorf("clear limits: %w", clearErr))
+	}
+	return measured, err
 }
 
 // drainPgonceIn fills client's empty table with drainCalls calls, analyzes

@@ -15,6 +15,11 @@ import (
 const (
 	drainPgonceTuned   = "pgonce tuned"
 	drainPgonceDefault = "pgonce defaults"
+	// The tuned drain of a tool with flow control: limits that never bind
+	// (a million in flight and a million a second), so that what it
+	// measures is their cost, the controlled claim, against the tuned
+	// drain of the same tool without them.
+	drainPgonceLimited = "pgonce tuned with limits"
 	drainRiverTuned    = "river tuned"
 
 	// The tuned drain in a fresh schema, its key table analyzed after the
@@ -46,7 +51,7 @@ const (
 
 // allVariants are the names PGONCE_COMPARE_VARIANTS may give.
 var allVariants = []string{
-	drainPgonceTuned, drainPgonceDefault, drainRiverTuned, drainRiverDefault,
+	drainPgonceTuned, drainPgonceDefault, drainPgonceLimited, drainRiverTuned, drainRiverDefault,
 	drainPgonceFreshAnalyzed, drainPgonceFreshUnanalyzed, drainPgoncePkeyAnalyzed, drainPgoncePkeyUnanalyzed,
 	enqueueBarePgx, enqueueBareSQL, enqueuePgoncePgx, enqueuePgonceSQL, enqueueRiver, enqueueRiverUnique,
 	enqueuePgonceEach, enqueuePgonceMany,
@@ -197,6 +202,7 @@ func (rs *resultSet) summarize(s settings) summary {
 		{name: "drain tuned: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceTuned, denPhase: phaseDrain, denVar: drainRiverTuned},
 		{name: "drain defaults: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainRiverDefault},
 		{name: "drain: pgonce defaults ÷ pgonce tuned", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainPgonceTuned},
+		{name: "drain: limits set ÷ no limits, pgonce tuned", numPhase: phaseDrain, numVar: drainPgonceLimited, denPhase: phaseDrain, denVar: drainPgonceTuned},
 		{name: "drain never analyzed ÷ analyzed, hash key index", numPhase: phaseDrain, numVar: drainPgonceFreshUnanalyzed, denPhase: phaseDrain, denVar: drainPgonceFreshAnalyzed},
 		{name: "drain never analyzed ÷ analyzed, primary key", numPhase: phaseDrain, numVar: drainPgoncePkeyUnanalyzed, denPhase: phaseDrain, denVar: drainPgoncePkeyAnalyzed},
 		{name: "drain never analyzed: hash key index ÷ primary key", numPhase: phaseDrain, numVar: drainPgonceFreshUnanalyzed, denPhase: phaseDrain, denVar: drainPgoncePkeyUnanalyzed},

@@ -57,6 +57,7 @@ func TestSummarizeRatios(t *testing.T) {
 		perSecond(1, phaseDrain, drainPgonceTuned, 0, 800),
 		perSecond(1, phaseDrain, drainRiverTuned, 0, 1000),
 		perSecond(2, phaseDrain, drainPgonceTuned, 0, 2000),
+		perSecond(1, phaseDrain, drainPgonceLimited, 0, 720),
 		perSecond(0, phaseEnqueue, enqueueBarePgx, 8, 2000),
 		perSecond(0, phaseEnqueue, enqueuePgoncePgx, 8, 1000),
 		perSecond(0, phaseFloor, floorPgbench, 0, 3000),
@@ -70,6 +71,10 @@ func TestSummarizeRatios(t *testing.T) {
 	drain := ratios["drain tuned: pgonce ÷ river"]
 	require.Equal(t, []int{0, 1}, drain.rounds)
 	require.InDeltaSlice(t, []float64{1.5, 0.8}, drain.values, 1e-9)
+
+	limited := ratios["drain: limits set ÷ no limits, pgonce tuned"]
+	require.Equal(t, []int{1}, limited.rounds)
+	require.InDeltaSlice(t, []float64{0.9}, limited.values, 1e-9)
 
 	cost := ratios["tx cost: SubmitTx pgx ÷ bare pgx"]
 	require.Equal(t, 8, cost.clients)

@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/pgonce/pgonce/internal/console"
+	"github.com/pgonce/pgonce/cmd/pgonce/internal/console"
 )
 
 // consoleTokenEnv names the variable that holds the console's token when

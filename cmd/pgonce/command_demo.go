@@ -10,14 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/migrations"
@@ -79,106 +75,6 @@ claim and record batches (linked to the submit), and the reconcile run.`,
 			}
 		},
 	}
-}
-
-// demoPayments is a fake payment provider that honours idempotency keys: a
-// refund is recorded once per key in its ledger, and a repeated key returns
-// the original refund's response. Its first call acts and then loses the
-// response, like a timeout after the request reached the provider.
-type demoPayments struct {
-	pool   *pgxpool.Pool
-	ledger string // quoted table name
-	calls  atomic.Int32
-
-	lossy   atomic.Bool
-	called  chan struct{} // the lossy call has started
-	proceed chan struct{} // the lossy call may act
-	acted   chan struct{} // the lossy call has refunded; its response is lost
-	lost    []byte        // the response the lossy call never returned
-}
-
-func (p *demoPayments) Call(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-	p.calls.Add(1)
-	lossy := p.lossy.CompareAndSwap(true, false)
-	if lossy {
-		p.called <- struct{}{}
-		select {
-		case <-p.proceed:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	resp, err := p.refund(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	if lossy {
-		p.lost = resp
-		p.acted <- struct{}{}
-		<-ctx.Done() // the response never makes it back
-		return nil, ctx.Err()
-	}
-	return resp, nil
-}
-
-// refund records one refund per idempotency key and returns its response.
-// The response's spacing is the provider's own; pgonce stores and replays it
-// byte for byte.
-func (p *demoPayments) refund(ctx context.Context, req outbox.Request) (json.RawMessage, error) {
-	var args struct {
-		Order int64 `json:"order"`
-		// Money travels as a decimal string: a JSON number could be read
-		// as a float on the way.
-		Amount string `json:"amount"`
-	}
-	if err := json.Unmarshal(req.Args, &args); err != nil {
-		return nil, outbox.Permanent(fmt.Errorf("bad refund arguments: %w", err))
-	}
-	_, err := p.pool.Exec(ctx, `INSERT INTO `+p.ledger+` (idempotency_key, order_id, amount)
-		VALUES ($1, $2, $3::text::numeric)
-		ON CONFLICT (idempotency_key) DO NOTHING`,
-		string(req.Key), args.Order, args.Amount)
-	if err != nil {
-		return nil, err
-	}
-	var (
-		id     int64
-		order  int64
-		amount string
-	)
-	err = p.pool.QueryRow(ctx, `SELECT id, order_id, amount::text FROM `+p.ledger+` WHERE idempotency_key = $1`,
-		string(req.Key)).Scan(&id, &order, &amount)
-	if err != nil {
-		return nil, err
-	}
-	return fmt.Appendf(nil, `{"refund_id": "re_%04d", "order": %d, "amount": "%s", "currency": "EUR", "status": "refunded"}`,
-		id, order, amount), nil
-}
-
-type ledgerRow struct {
-	refundID string
-	order    int64
-	amount   string
-	key      string
-}
-
-func (p *demoPayments) rows(ctx context.Context) ([]ledgerRow, error) {
-	rows, err := p.pool.Query(ctx, `SELECT 're_' || lpad(id::text, 4, '0'), order_id, amount::text, idempotency_key
-		FROM `+p.ledger+` ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ledgerRow, error) {
-		var r ledgerRow
-		return r, row.Scan(&r.refundID, &r.order, &r.amount, &r.key)
-	})
-}
-
-// retryAfterPattern masks the one clock-dependent number the demo prints.
-var retryAfterPattern = regexp.MustCompile(`"retry_after_ms":\d+`)
-
-func maskObservation(obs []byte) string {
-	return retryAfterPattern.ReplaceAllString(string(obs), `"retry_after_ms":…`)
 }
 
 func invariant(format string, args ...any) error {
@@ -273,49 +169,6 @@ func (e *env) demo(ctx context.Context, keep, traced bool) (err error) {
 		printTrace(e.stdout, tr.recorder.spans(), tr.root)
 	}
 	return nil
-}
-
-// demoTracing is the demo's tracing under --trace: a [telemetry.Telemetry]
-// over an in-memory span recorder, and the span of the agent's run, the
-// root of the refund's trace.
-type demoTracing struct {
-	recorder *spanRecorder
-	tel      *telemetry.Telemetry
-	root     *recordedSpan
-}
-
-func newDemoTracing(ctx context.Context) (*demoTracing, error) {
-	recorder := &spanRecorder{}
-	tel, err := telemetry.New(telemetry.Config{TracerProvider: recorder, MeterProvider: metricnoop.NewMeterProvider()})
-	if err != nil {
-		return nil, err
-	}
-	_, root := recorder.Tracer("").Start(ctx, "agent run-8842")
-	return &demoTracing{recorder: recorder, tel: tel, root: root.(*recordedSpan)}, nil
-}
-
-// within returns ctx in the agent's run; a nil tracing returns ctx.
-func (tr *demoTracing) within(ctx context.Context) context.Context {
-	if tr == nil {
-		return ctx
-	}
-	return trace.ContextWithSpan(ctx, tr.root)
-}
-
-// ask returns the context of one of the model's asks and the function that
-// ends it.
-func (tr *demoTracing) ask(ctx context.Context) (context.Context, func()) {
-	if tr == nil {
-		return ctx, func() {}
-	}
-	ctx, span := tr.recorder.Tracer("").Start(tr.within(ctx), "model asks refund")
-	return ctx, func() { span.End() }
-}
-
-// untraced returns ctx without the span it may carry: a dispatcher's, as
-// in a process of its own.
-func untraced(ctx context.Context) context.Context {
-	return trace.ContextWithSpanContext(ctx, trace.SpanContext{})
 }
 
 // submit asks for call in a transaction of the caller's, as an agent
@@ -677,13 +530,6 @@ func demoReview(ctx context.Context, e *env, client *outbox.Client[pgx.Tx]) erro
 		return invariant("the resolved key must replay the operator's response, got state=%s response=%s", again.State, again.Response)
 	}
 	return nil
-}
-
-// demoMailer is a mailer whose call sends and then times out.
-type demoMailer struct{}
-
-func (demoMailer) Call(context.Context, outbox.Request) (json.RawMessage, error) {
-	return nil, outbox.Ambiguous(errors.New("mail server timed out after accepting the message"))
 }
 
 // pause waits d, or returns ctx's error.

@@ -130,24 +130,26 @@ func (r *Runner) Observer() observe.Observer { return r.config.Observer }
 // Tool returns the registered tool named name, or nil.
 func (r *Runner) Tool(name string) *Tool { return r.config.ToolFunc(name) }
 
-// of is registered by package outbox; see [Of].
-var of func(client any) *Runner
+// Handle carries a client's runner. Package outbox embeds one in its
+// Client, set when the client is made, under an unexported alias so that it
+// stays out of the client's documentation; [Of] finds it through its
+// unexported method, which only such an embedding can provide.
+type Handle struct{ runner *Runner }
 
-// RegisterOf sets the function behind [Of]. Package outbox calls it from
-// an init function; it is not safe to call after that.
-func RegisterOf(f func(client any) *Runner) { of = f }
+// NewHandle returns a handle on runner.
+func NewHandle(runner *Runner) Handle { return Handle{runner: runner} }
+
+func (h Handle) attemptRunner() *Runner { return h.runner }
 
 // Of returns the runner of client, an *outbox.Client of any transaction
 // type. It panics for anything else: that is a wiring error.
 func Of(client any) *Runner {
-	if of == nil {
-		panic("attempt: no client package registered")
+	if c, ok := client.(interface{ attemptRunner() *Runner }); ok {
+		if runner := c.attemptRunner(); runner != nil {
+			return runner
+		}
 	}
-	runner := of(client)
-	if runner == nil {
-		panic(fmt.Sprintf("attempt: %T has no runner", client))
-	}
-	return runner
+	panic(fmt.Sprintf("attempt: %T has no runner", client))
 }
 
 // Attempt is one claimed attempt of a key.

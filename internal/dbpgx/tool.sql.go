@@ -11,35 +11,46 @@ import (
 )
 
 const outboxClaimControlled = `-- name: OutboxClaimControlled :many
-WITH control AS (
+WITH clock AS (
+    SELECT coalesce($1::timestamptz, clock_timestamp()) AS at
+),
+bucket AS (
     SELECT
         pgonce_tool.tool,
         pgonce_tool.rate,
+        pgonce_tool.max_in_flight,
+        pgonce_tool.paused_at,
+        pgonce_tool.not_before,
+        clock.at,
         least(
             pgonce_tool.burst::double precision,
-            pgonce_tool.tokens + pgonce_tool.rate * greatest(0, extract(epoch FROM
-                coalesce($1::timestamptz, clock_timestamp()) - pgonce_tool.refilled_at))::double precision
-        ) AS tokens,
+            pgonce_tool.tokens + pgonce_tool.rate * greatest(0, extract(epoch FROM clock.at - pgonce_tool.refilled_at))::double precision
+        ) AS tokens
+    FROM /* TEMPLATE: schema */pgonce_tool
+    CROSS JOIN clock
+    WHERE pgonce_tool.tool = any($3::text[])
+),
+control AS (
+    SELECT
+        bucket.tool,
+        bucket.rate,
+        bucket.at,
+        bucket.tokens,
         greatest(0, CASE
-            WHEN pgonce_tool.paused_at IS NOT NULL THEN 0
-            WHEN pgonce_tool.not_before > coalesce($1::timestamptz, clock_timestamp()) THEN 0
+            WHEN bucket.paused_at IS NOT NULL THEN 0
+            WHEN bucket.not_before > bucket.at THEN 0
             ELSE least(
-                $3::integer,
-                pgonce_tool.max_in_flight - (
+                $4::integer,
+                bucket.max_in_flight - (
                     SELECT count(*)
                     FROM /* TEMPLATE: schema */pgonce_key
                     WHERE pgonce_key.lease_until IS NOT NULL
-                        AND pgonce_key.tool = pgonce_tool.tool
+                        AND pgonce_key.tool = bucket.tool
                 )::integer,
-                floor(least(
-                    pgonce_tool.burst::double precision,
-                    pgonce_tool.tokens + pgonce_tool.rate * greatest(0, extract(epoch FROM
-                        coalesce($1::timestamptz, clock_timestamp()) - pgonce_tool.refilled_at))::double precision
-                ))::integer
+                floor(bucket.tokens)::integer
             )
         END) AS budget
-    FROM /* TEMPLATE: schema */pgonce_tool
-    WHERE pgonce_tool.tool = any($4::text[])
+    FROM bucket
 ),
 due AS (
     SELECT candidate.scope
@@ -58,7 +69,7 @@ due AS (
         FOR UPDATE SKIP LOCKED
     ) AS candidate
     ORDER BY candidate.available_at
-    LIMIT $3::integer
+    LIMIT $4::integer
 ),
 claimed AS (
     UPDATE /* TEMPLATE: schema */pgonce_key
@@ -88,7 +99,7 @@ spent AS (
     UPDATE /* TEMPLATE: schema */pgonce_tool
     SET
         tokens = control.tokens - (SELECT count(*) FROM claimed WHERE claimed.tool = control.tool),
-        refilled_at = coalesce($1::timestamptz, clock_timestamp())
+        refilled_at = control.at
     FROM control
     WHERE pgonce_tool.tool = control.tool
         AND control.rate IS NOT NULL
@@ -120,8 +131,8 @@ ORDER BY claimed.key
 type OutboxClaimControlledParams struct {
 	Now             *time.Time
 	ReplicatedTools []string
-	MaxRows         int32
 	Tools           []string
+	MaxRows         int32
 	LeaseMs         int64
 	Worker          string
 }
@@ -155,13 +166,15 @@ type OutboxClaimControlledRow struct {
 // the previous claim of the tool left. The bucket's clock is the wall
 // clock (clock_timestamp), not the transaction's start: a claim that
 // waited for the lock must not refill from a time before the claim it
-// waited for.
+// waited for. It is read once (clock), and the bucket is refilled up to
+// that instant and no further: the tokens that accrue while the claim
+// runs are the next claim's, not lost.
 func (q *Queries) OutboxClaimControlled(ctx context.Context, db DBTX, arg *OutboxClaimControlledParams) ([]*OutboxClaimControlledRow, error) {
 	rows, err := db.Query(ctx, outboxClaimControlled,
 		arg.Now,
 		arg.ReplicatedTools,
-		arg.MaxRows,
 		arg.Tools,
+		arg.MaxRows,
 		arg.LeaseMs,
 		arg.Worker,
 	)

@@ -1,10 +1,11 @@
-// Package header holds the response-header handling that the HTTP provider
+// Package header holds the header handling that the HTTP provider
 // and the idempotency middleware share.
 package header
 
 import (
 	"net/http"
 	"slices"
+	"strings"
 )
 
 // Canonical returns names in canonical header form, in a new slice, so that
@@ -27,4 +28,19 @@ func Keep(h http.Header, names []string) http.Header {
 		}
 	}
 	return kept
+}
+
+// ValidToken reports whether s is an RFC 9110 token, as header names and
+// methods are.
+func ValidToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }

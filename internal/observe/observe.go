@@ -8,6 +8,7 @@ package observe
 
 import (
 	"context"
+	"reflect"
 	"time"
 )
 
@@ -141,21 +142,29 @@ type Operation struct {
 	Err error
 }
 
-// of is registered by package telemetry; see [Of].
-var of func(middleware any) Observer
+// Source carries an Observer. Package telemetry embeds one in its
+// Telemetry, set when it is made, under an unexported alias so that it stays
+// out of its documentation; [Of] finds it through its unexported method,
+// which only such an embedding can provide.
+type Source struct{ observer Observer }
 
-// RegisterOf sets the function behind [Of]. Package telemetry calls it from
-// an init function; it is not safe to call after that.
-func RegisterOf(f func(middleware any) Observer) { of = f }
+// NewSource returns a source of observer.
+func NewSource(observer Observer) Source { return Source{observer: observer} }
+
+func (s Source) pgonceObserver() Observer { return s.observer }
 
 // Of returns the first of middleware that observes, as its Observer, or
-// nil when none does.
+// nil when none does. A nil pointer among middleware observes nothing.
 func Of[M any](middleware []M) Observer {
-	if of == nil {
-		return nil
-	}
 	for _, m := range middleware {
-		if o := of(m); o != nil {
+		source, ok := any(m).(interface{ pgonceObserver() Observer })
+		if !ok {
+			continue
+		}
+		if v := reflect.ValueOf(source); v.Kind() == reflect.Pointer && v.IsNil() {
+			continue
+		}
+		if o := source.pgonceObserver(); o != nil {
 			return o
 		}
 	}

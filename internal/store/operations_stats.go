@@ -137,3 +137,87 @@ func estimateFinished(table *dbpgx.StatsKeyTableRow, fractions []*dbpgx.StatsToo
 	}
 	return counts
 }
+
+// QueueEntry is the queue fields of an open key; zero values stand for
+// NULL.
+type QueueEntry struct {
+	Attempt          int
+	AvailableAt      time.Time
+	LeaseUntil       time.Time
+	Worker           string
+	FirstAttemptedAt time.Time
+	Ambiguous        bool
+	LastError        string
+}
+
+// StateCount counts the keys of one tool in one state (pending and
+// in_flight for open keys).
+type StateCount struct {
+	Tool  string
+	State string
+	Keys  int64
+}
+
+// QueueStats summarises the queue.
+type QueueStats struct {
+	Pending       int64
+	InFlight      int64
+	ExpiredLeases int64
+	OldestPending time.Duration
+}
+
+// QueueEntry returns the queue fields of an open key, or [ErrNoRows] for a
+// key that is not open.
+func (s *Store) QueueEntry(ctx context.Context, key string) (*QueueEntry, error) {
+	var entry *QueueEntry
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.OutboxGet(ctx, db, &dbpgx.OutboxGetParams{Key: keyDigest(key)})
+		if err != nil {
+			return err
+		}
+		entry = &QueueEntry{
+			Attempt:          int(row.Attempt),
+			AvailableAt:      row.AvailableAt,
+			LeaseUntil:       deref(row.LeaseUntil),
+			Worker:           deref(row.Worker),
+			FirstAttemptedAt: deref(row.FirstAttemptedAt),
+			Ambiguous:        row.Ambiguous,
+			LastError:        deref(row.LastError),
+		}
+		return nil
+	})
+	return entry, err
+}
+
+// CountByToolAndState counts keys per tool and state. It reads the whole
+// key table.
+func (s *Store) CountByToolAndState(ctx context.Context) ([]*StateCount, error) {
+	var counts []*StateCount
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		rows, err := q.KeyCountByToolAndState(ctx, db)
+		for _, row := range rows {
+			counts = append(counts, &StateCount{Tool: row.Tool, State: row.State, Keys: row.Keys})
+		}
+		return err
+	})
+	return counts, err
+}
+
+// QueueStats summarises the queue.
+func (s *Store) QueueStats(ctx context.Context, now *time.Time) (*QueueStats, error) {
+	var stats *QueueStats
+	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.OutboxStats(ctx, db, &dbpgx.OutboxStatsParams{Now: now})
+		if err != nil {
+			return err
+		}
+		stats = &QueueStats{
+			Pending:       row.Pending,
+			InFlight:      row.InFlight,
+			ExpiredLeases: row.ExpiredLeases,
+			OldestPending: time.Duration(row.OldestPendingMs) * time.Millisecond,
+		}
+		return nil
+	})
+	return stats, err
+}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgonce/pgonce/internal/console"
+	"github.com/pgonce/pgonce/cmd/pgonce/internal/console"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgonce/pgonce/cmd/pgonce/internal/console"
 	"github.com/pgonce/pgonce/dispatcher"
-	"github.com/pgonce/pgonce/internal/console"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/internal/pgoncetest/drivertest"
 	"github.com/pgonce/pgonce/outbox"
