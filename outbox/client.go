@@ -36,6 +36,10 @@ type Client[TTx any] struct {
 	// lastNotify is when a submit last notified, in Unix nanoseconds, for
 	// [Config.NotifyCooldown].
 	lastNotify atomic.Int64
+
+	// waitPolledFunc, nil outside tests, is told each time a wait arms its
+	// timer: the key and how long until it re-reads it.
+	waitPolledFunc func(key Key, next time.Duration)
 }
 
 // New returns a client over db, which must be opened with pgx's stdlib

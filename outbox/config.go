@@ -125,9 +125,11 @@ type Config struct {
 	// and each batch of [Client.Prune]. A statement past it is cancelled and
 	// its connection dropped (a connection whose server vanished without
 	// closing it would otherwise hang it forever); loops log the error and go
-	// on, and recording outcomes tries again within the lease. Statements under
-	// the caller's context alone ([Client.SubmitTx], [Client.Get], operator
-	// reads) have none. Defaults to [StatementTimeoutDefault], 5s.
+	// on, and recording outcomes tries again within the lease. A statement
+	// that records outcomes has StatementTimeout once more for every 256 KiB
+	// of their responses and failures, which take that much longer to send.
+	// Statements under the caller's context alone ([Client.SubmitTx],
+	// [Client.Get], operator reads) have none. Defaults to [StatementTimeoutDefault], 5s.
 	StatementTimeout time.Duration
 
 	// TombstoneRetention is how long, from completion, a finished key is

@@ -59,7 +59,7 @@ func ExampleClient_Wait() {
 	}
 
 	// No dispatcher runs yet: the wait ends with the request's deadline.
-	waitCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	waitCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	got, err := client.Wait(waitCtx, res.Key)
 	fmt.Printf("deadline=%t state=%s retry_after_set=%t\n",

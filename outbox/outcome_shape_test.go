@@ -58,6 +58,7 @@ func testOutcomeShape[TTx any](t *testing.T, h driverHarness[TTx]) {
 		client: h.newClient(t, outbox.Config{Schema: schema, Registry: registry}),
 		schema: schema,
 	}
+	deadlines := newReadDeadlines(bundle.client)
 
 	call := func(tool, runID string) outbox.Call {
 		c := refundCall(runID)
@@ -254,10 +255,9 @@ func testOutcomeShape[TTx any](t *testing.T, h driverHarness[TTx]) {
 			{"Wait", func() *outcome { return tt.wait }, func(t *testing.T, c outbox.Call) (outbox.Result, error) {
 				key, err := outbox.DeriveKey(c)
 				require.NoError(t, err)
-				// Long enough for any answer; a key in progress stays so.
-				ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-				defer cancel()
-				return bundle.client.Wait(ctx, key)
+				// A key in progress stays so: its wait's deadline passes
+				// once it has read it.
+				return bundle.client.Wait(deadlines.after(t.Context(), key), key)
 			}},
 		} {
 			want := op.cell()

@@ -93,6 +93,7 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 	}
 
 	poll := waitPollMin
+	c.waitPolled(key, poll)
 	timer := time.NewTimer(poll)
 	defer timer.Stop()
 	for {
@@ -120,7 +121,16 @@ func (c *Client[TTx]) Wait(ctx context.Context, key Key) (Result, error) {
 			c.config.Logger.DebugContext(ctx, "pgonce: wait could not read its key; retrying",
 				"key", key, "error", err, "retry_in", poll)
 		}
+		c.waitPolled(key, poll)
 		timer.Reset(poll)
+	}
+}
+
+// waitPolled tells c.waitPolledFunc, if set, that a wait re-reads
+// key in next.
+func (c *Client[TTx]) waitPolled(key Key, next time.Duration) {
+	if c.waitPolledFunc != nil {
+		c.waitPolledFunc(key, next)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -226,9 +227,10 @@ func TestWaitReturnsDefinitiveErrorsAtOnce(t *testing.T) {
 		client, err := outbox.NewPgx(pool, outbox.Config{NotifyDisabled: true})
 		require.NoError(t, err)
 
-		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-		defer cancel()
-		got, err := client.Wait(ctx, mustKey(t, refundCall("run-1")))
+		// The deadline passes once a read has failed, however long that
+		// takes.
+		key := mustKey(t, refundCall("run-1"))
+		got, err := client.Wait(newReadDeadlines(client).after(t.Context(), key), key)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.Contains(t, err.Error(), "last read failed")
 		require.Equal(t, outbox.Result{}, got)
@@ -360,4 +362,63 @@ func testWaitBeforeTheSubmitCommits[TTx any](t *testing.T, h driverHarness[TTx])
 	got, err := client.Get(t.Context(), res.Key)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatePending, got.State)
+}
+
+// readDeadlines gives waits deadlines that pass on a condition, not a
+// clock: a context from [readDeadlines.after] expires, with
+// context.DeadlineExceeded, once a wait of its client has read its key and
+// found it still in progress (it arms its timer to read again). So a test
+// that expects a wait to end at its deadline with the last state it read
+// sees that state however slow the machine, where a deadline of a few
+// hundred milliseconds may pass before the first read returns.
+type readDeadlines struct {
+	mu    sync.Mutex
+	byKey map[outbox.Key][]*expiringContext
+}
+
+// newReadDeadlines installs readDeadlines on client; call it before the
+// client's first wait.
+func newReadDeadlines[TTx any](client *outbox.Client[TTx]) *readDeadlines {
+	rd := &readDeadlines{byKey: map[outbox.Key][]*expiringContext{}}
+	outbox.SetWaitPolledFunc(client, func(key outbox.Key, _ time.Duration) {
+		rd.mu.Lock()
+		expiring := rd.byKey[key]
+		delete(rd.byKey, key)
+		rd.mu.Unlock()
+		for _, ctx := range expiring {
+			ctx.expire()
+		}
+	})
+	return rd
+}
+
+// after returns a context, below parent, whose deadline passes once a wait
+// has read key and found it in progress.
+func (rd *readDeadlines) after(parent context.Context, key outbox.Key) context.Context {
+	ctx := &expiringContext{Context: parent, done: make(chan struct{})}
+	context.AfterFunc(parent, ctx.expire)
+	rd.mu.Lock()
+	rd.byKey[key] = append(rd.byKey[key], ctx)
+	rd.mu.Unlock()
+	return ctx
+}
+
+// expiringContext is a context whose deadline passes when expire is called.
+type expiringContext struct {
+	context.Context
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *expiringContext) expire() { c.once.Do(func() { close(c.done) }) }
+
+func (c *expiringContext) Done() <-chan struct{} { return c.done }
+
+func (c *expiringContext) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
 }

@@ -34,12 +34,16 @@ type refundOut struct {
 }
 
 // server is an MCP server whose refund tool refunds through the ledger,
-// guarded; its lookup tool is read-only. It counts the handlers' runs and
-// keeps the results it writes on the wire.
+// guarded; its lookup tool is read-only. It counts the handlers' runs, keeps
+// the keys its refund handler ran for, and keeps the results it writes on
+// the wire. The refund tool honours keys, so a run again with a key is a
+// legitimate retry (an attempt past its call timeout on a busy machine): a
+// test counts the keys acted on, and runs only where none may happen.
 type server struct {
 	*mcp.Server
 	guard   *pgoncemcp.Guard[pgx.Tx]
 	refunds atomic.Int64 // refund handler runs
+	keys    sync.Map     // outbox.Key → struct{}: keys the refund handler ran for
 	lookups atomic.Int64 // lookup handler runs
 	calls   atomic.Int64 // tools/call requests received
 	wire    *wireLog
@@ -67,6 +71,9 @@ func newServer(t *testing.T, l *ledger, client *outbox.Client[pgx.Tx], config pg
 	require.NoError(t, pgoncemcp.AddTool(s.Server, guard, &mcp.Tool{Name: "refund", Description: "Refunds an order."}, delivery,
 		func(ctx context.Context, _ *mcp.CallToolRequest, in refundIn) (*mcp.CallToolResult, refundOut, error) {
 			s.refunds.Add(1)
+			if req, ok := toolcall.RequestFromContext(ctx); ok {
+				s.keys.Store(req.Key, struct{}{})
+			}
 			if s.hold != nil {
 				if err := s.hold(ctx); err != nil {
 					return nil, refundOut{}, err
@@ -99,6 +106,17 @@ func newServer(t *testing.T, l *ledger, client *outbox.Client[pgx.Tx], config pg
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "order 8842: paid"}}}, nil, nil
 		}))
 	return s
+}
+
+// actedOn returns how many distinct keys the refund handler ran for: the
+// actions it took, however many times a legitimate retry ran each.
+func (s *server) actedOn() int {
+	n := 0
+	s.keys.Range(func(any, any) bool {
+		n++
+		return true
+	})
+	return n
 }
 
 // connect connects a client to s, with the given sending middleware, and

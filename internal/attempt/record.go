@@ -15,7 +15,9 @@ import (
 // after a cancel. It is not bounded by the attempt's lease: each outcome is
 // fenced by its attempt, so a write that comes after a takeover changes
 // nothing, and one that comes after the lease but before a takeover is the
-// outcome the reconciler would otherwise have had to guess.
+// outcome the reconciler would otherwise have had to guess. Outcomes of
+// [LargeOutcomeBytes] or more add to it what their statements' deadlines
+// add to [Config.StatementTimeout] (see [Runner.sendTimeout]).
 const RecordTimeout = 30 * time.Second
 
 // Backoff between the tries of a statement that records outcomes.
@@ -56,7 +58,8 @@ const (
 //
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RecordTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx),
+		RecordTimeout+r.sendTimeout(outcomes...)-r.config.StatementTimeout)
 	defer cancel()
 	until, _ := ctx.Deadline()
 	var finishes, releases, large []Outcome
@@ -93,6 +96,20 @@ func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]boo
 // outlast its lease.
 const LargeOutcomeBytes = 256 << 10
 
+// sendTimeout is the deadline of a statement that sends outs:
+// [Config.StatementTimeout], and as much again for every [LargeOutcomeBytes]
+// of their responses and failures, so that it grows with what the statement
+// carries. A deadline that does not would cut off every try at sending a
+// multi-megabyte outcome over a link, or to a server, slow enough to take
+// longer than StatementTimeout, and leave its key to the reconciler.
+func (r *Runner) sendTimeout(outs ...Outcome) time.Duration {
+	size := 0
+	for _, o := range outs {
+		size += len(o.Response) + len(o.Failure)
+	}
+	return r.config.StatementTimeout * time.Duration(1+size/LargeOutcomeBytes)
+}
+
 // Large reports whether o is a large outcome (see [LargeOutcomeBytes]).
 func (o Outcome) Large() bool {
 	return o.Kind != Retry && len(o.Response)+len(o.Failure) >= LargeOutcomeBytes
@@ -111,7 +128,7 @@ func (r *Runner) recordLarge(ctx context.Context, until time.Time, o Outcome, wr
 		return r.store.ExtendLease(extendCtx, o.Key, o.Attempt, lease, r.nowParam())
 	}
 	var held bool
-	_, err := r.retryTransient(ctx, until, func(context.Context) error {
+	_, err := r.retryTransient(ctx, until, r.config.StatementTimeout, func(context.Context) error {
 		var err error
 		held, err = extend()
 		return err
@@ -217,7 +234,7 @@ func (r *Runner) settleReview(ctx context.Context, until time.Time, o Outcome) (
 		params.Channel = r.store.DoneChannel
 	}
 	var settled bool
-	_, err := r.retryTransient(ctx, until, func(ctx context.Context) error {
+	_, err := r.retryTransient(ctx, until, r.sendTimeout(o), func(ctx context.Context) error {
 		var err error
 		settled, err = r.store.SettleReview(ctx, params)
 		return err
@@ -264,7 +281,7 @@ func (r *Runner) recordAll(ctx context.Context, until time.Time, outs []Outcome,
 	if len(outs) == 0 {
 		return nil
 	}
-	mayHaveRun, err := r.retryTransient(ctx, until, func(ctx context.Context) error { return stmt(ctx, outs, written) })
+	mayHaveRun, err := r.retryTransient(ctx, until, r.sendTimeout(outs...), func(ctx context.Context) error { return stmt(ctx, outs, written) })
 	switch {
 	case err == nil && mayHaveRun:
 		return r.readBackRecorded(ctx, until, outs, written)
@@ -302,7 +319,7 @@ func (r *Runner) recordUnrecordable(ctx context.Context, until time.Time, o Outc
 		Kind:    NeedsReview,
 		Err:     fmt.Errorf("%s outcome could not be recorded: %w", o.Kind, err),
 	}
-	_, reviewErr := r.retryTransient(ctx, until, func(ctx context.Context) error {
+	_, reviewErr := r.retryTransient(ctx, until, r.config.StatementTimeout, func(ctx context.Context) error {
 		return r.finish(ctx, []Outcome{review}, written)
 	})
 	if reviewErr != nil {
@@ -323,7 +340,7 @@ func (r *Runner) readBackRecorded(ctx context.Context, until time.Time, outs []O
 	if len(attempts) == 0 {
 		return nil
 	}
-	_, err := r.retryTransient(ctx, until, func(ctx context.Context) error {
+	_, err := r.retryTransient(ctx, until, r.config.StatementTimeout, func(ctx context.Context) error {
 		keys, err := r.store.RecordedAttempts(ctx, attempts)
 		for _, key := range keys {
 			written[key] = true
@@ -337,13 +354,14 @@ func (r *Runner) readBackRecorded(ctx context.Context, until time.Time, outs []O
 	return nil
 }
 
-// retryTransient runs try, each time under [Config.StatementTimeout], until
-// it succeeds, fails for good, or until leaves no time for another try after
+// retryTransient runs try, each time under timeout ([Config.StatementTimeout],
+// or [Runner.sendTimeout] for a statement that sends outcomes), until it
+// succeeds, fails for good, or until leaves no time for another try after
 // the backoff. It reports whether a failed try may have run on the server.
-func (r *Runner) retryTransient(ctx context.Context, until time.Time, try func(ctx context.Context) error) (mayHaveRun bool, err error) {
+func (r *Runner) retryTransient(ctx context.Context, until time.Time, timeout time.Duration, try func(ctx context.Context) error) (mayHaveRun bool, err error) {
 	wait := recordRetryMin
 	for {
-		tryCtx, cancel := context.WithTimeout(ctx, r.config.StatementTimeout)
+		tryCtx, cancel := context.WithTimeout(ctx, timeout)
 		err = try(tryCtx)
 		cancel()
 		if err == nil || !store.IsTransient(err) || ctx.Err() != nil {

@@ -101,9 +101,8 @@ type bundleOpts struct {
 	hold func(ctx context.Context, req outbox.Request)
 	// grace is the reconciler's. Zero: the campaign's default.
 	grace time.Duration
-	// callTimeout, lease and statementTimeout replace the campaign's
-	// (and the client's default statement timeout) when set.
-	callTimeout, lease, statementTimeout time.Duration
+	// callTimeout and lease replace the campaign's when set.
+	callTimeout, lease time.Duration
 	// transactionPooled says that databaseURL is a transaction pooler: the
 	// workers' clients take outbox.PoolingTransaction, and their listeners
 	// connect to the direct database.
@@ -198,7 +197,6 @@ func setup(t *testing.T, opts *bundleOpts) *bundle {
 	workersConfig := clientConfig(schema, registry)
 	workersConfig.CallTimeout = cmp.Or(opts.callTimeout, workersConfig.CallTimeout)
 	workersConfig.Lease = cmp.Or(opts.lease, workersConfig.Lease)
-	workersConfig.StatementTimeout = cmp.Or(opts.statementTimeout, workersConfig.StatementTimeout)
 	if opts.transactionPooled {
 		directURL := pgoncetest.DatabaseURL(t)
 		if opts.cluster != nil {

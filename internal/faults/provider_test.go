@@ -43,6 +43,8 @@ func TestProviderFaults(t *testing.T) {
 		calls   int
 		mayFail string        // a tool whose calls may end failed
 		grace   time.Duration // the reconciler's, when not the default
+		// callTimeout and lease replace the campaign's when set.
+		callTimeout, lease time.Duration
 	}{
 		{name: "ActThenTimeout", mode: first(faults.ModeActThenTimeout, 2)},
 		{name: "ActThenPanic", mode: first(faults.ModeActThenPanic, 2)},
@@ -50,7 +52,13 @@ func TestProviderFaults(t *testing.T) {
 		{name: "InvalidUTF8Body", mode: always(faults.ModeInvalidUTF8Body)},
 		// Recording a few megabytes takes a dispatcher seconds under the
 		// race detector; a grace that short would take over live attempts.
-		{name: "HugeBody", mode: always(faults.ModeHugeBody), calls: 6, grace: 10 * time.Second},
+		// Writing a huge effect to the ledger takes the provider seconds
+		// too on a busy machine: past the campaign's call timeout (1s)
+		// every attempt of a keyed call timed out, until it failed.
+		{
+			name: "HugeBody", mode: always(faults.ModeHugeBody), calls: 6, grace: 10 * time.Second,
+			callTimeout: 30 * time.Second, lease: 35 * time.Second,
+		},
 		{name: "FailTransient", mode: first(faults.ModeFailTransient, 3)},
 		{
 			// Keyed calls fail on every attempt with text PostgreSQL cannot
@@ -67,7 +75,7 @@ func TestProviderFaults(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &bundleOpts{grace: tt.grace, mode: func(req outbox.Request) faults.Mode {
+			b := setup(t, &bundleOpts{grace: tt.grace, callTimeout: tt.callTimeout, lease: tt.lease, mode: func(req outbox.Request) faults.Mode {
 				mode := tt.mode(req)
 				if mode != faults.ModeReturn {
 					tally.Fault("provider_" + mode.String())
