@@ -222,10 +222,8 @@ func (c Config) validate() error {
 	case c.Timeout < 0 || c.MaxResponseBytes < 0 || c.RetryAfterMax < 0 || c.KeyRetention < 0:
 		return fmt.Errorf("%w: Timeout, MaxResponseBytes, RetryAfterMax and KeyRetention must not be negative", ErrInvalidConfig)
 	}
-	for _, name := range c.KeepHeaders {
-		if !header.ValidToken(name) {
-			return fmt.Errorf("%w: KeepHeaders: %q must be a header name", ErrInvalidConfig, name)
-		}
+	if name, bad := header.InvalidName(c.KeepHeaders); bad {
+		return fmt.Errorf("%w: KeepHeaders: %q must be a header name", ErrInvalidConfig, name)
 	}
 	return nil
 }

@@ -136,10 +136,8 @@ func (c Config) validate() error {
 	case !header.ValidToken(c.Header):
 		return fmt.Errorf("%w: Header %q must be a header name", ErrInvalidConfig, c.Header)
 	}
-	for _, name := range c.KeepHeaders {
-		if !header.ValidToken(name) {
-			return fmt.Errorf("%w: KeepHeaders: %q must be a header name", ErrInvalidConfig, name)
-		}
+	if name, bad := header.InvalidName(c.KeepHeaders); bad {
+		return fmt.Errorf("%w: KeepHeaders: %q must be a header name", ErrInvalidConfig, name)
 	}
 	return nil
 }

@@ -44,3 +44,14 @@ func ValidToken(s string) bool {
 	}
 	return true
 }
+
+// InvalidName returns the first of names that is not a header name (not a
+// [ValidToken]), and whether there is one.
+func InvalidName(names []string) (string, bool) {
+	for _, name := range names {
+		if !ValidToken(name) {
+			return name, true
+		}
+	}
+	return "", false
+}

@@ -24,3 +24,17 @@ func TestKeep(t *testing.T) {
 	kept["Request-Id"][0] = "changed"
 	require.Equal(t, "a", h["Request-Id"][0], "Keep copies the values")
 }
+
+func TestInvalidName(t *testing.T) {
+	t.Parallel()
+
+	_, bad := InvalidName([]string{"Request-Id", "x-trace", "!#$%&'*+-.^_`|~"})
+	require.False(t, bad)
+	_, bad = InvalidName(nil)
+	require.False(t, bad)
+	for _, name := range []string{"", "Request Id", "Location:", "é", "a\x00"} {
+		got, bad := InvalidName([]string{"Request-Id", name, "Other Bad"})
+		require.True(t, bad, "%q", name)
+		require.Equal(t, name, got, "the first invalid name")
+	}
+}
