@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pgonce/pgonce/outbox"
-	"github.com/pgonce/pgonce/reconcile"
 )
 
 // Defaults of [Config].
@@ -95,13 +94,13 @@ type Config struct {
 	// MaintenanceDisabled turns off in-process maintenance. By default, the
 	// dispatchers that serve the same tools in one schema elect one of
 	// themselves, which every [Config.MaintenanceInterval] runs a reconciler
-	// over the dispatcher's client ([reconcile.Reconciler.RunOnce]: expired
-	// leases of those tools resolved, retention pruned unless
-	// Reconcile.PruneDisabled), so that a service that runs dispatchers alone
-	// is never left with keys in flight after a crash. Disable it for
-	// services that run `pgonce reconcile --once` or their own reconciler on
-	// a schedule; both running at once is safe, only redundant. Defaults to
-	// false.
+	// over the dispatcher's client (as reconcile.Reconciler.RunOnce does:
+	// expired leases of those tools resolved, retention pruned unless
+	// [ReconcileConfig.PruneDisabled]), so that a service that runs
+	// dispatchers alone is never left with keys in flight after a crash.
+	// Disable it for services that run `pgonce reconcile --once` or their
+	// own reconciler on a schedule; both running at once is safe, only
+	// redundant. Defaults to false.
 	MaintenanceDisabled bool
 
 	// MaintenanceInterval is how often the elected dispatcher runs
@@ -118,11 +117,44 @@ type Config struct {
 	MaintenanceInterval time.Duration
 
 	// Reconcile configures the reconciler that maintenance runs. Its zero
-	// value works (see [reconcile.Config]); its Logger defaults to the
-	// dispatcher's.
-	Reconcile reconcile.Config
+	// value works.
+	Reconcile ReconcileConfig
 
 	// Logger receives the dispatcher's logs. Defaults to the client's.
+	Logger *slog.Logger
+}
+
+// ReconcileConfig configures the reconciler that a dispatcher's maintenance
+// runs (see [Config.MaintenanceDisabled]): the settings of package
+// reconcile's Config that apply to it, with the same defaults and rules. Its
+// zero value works. An invalid one makes [New] return an error matching both
+// [ErrInvalidConfig] and reconcile.ErrInvalidConfig.
+type ReconcileConfig struct {
+	// Grace is how long past its lease an in-flight row waits before it is
+	// resolved. It must exceed the longest time a request of a dead worker
+	// can still be travelling to a provider (see reconcile.Config.Grace).
+	// Defaults to 30s, reconcile.GraceDefault; the development preset sets
+	// reconcile.GraceDevelopment, 1s.
+	Grace time.Duration
+
+	// BatchSize is the most expired rows one statement takes, and so the
+	// most lookups run at once, at most 1000; a run repeats until no
+	// expired row is left. Defaults to 32, reconcile.BatchSizeDefault.
+	BatchSize int
+
+	// StalePending is how long a pending row may stay due before
+	// maintenance logs it as a warning: pending rows nobody picks up. They
+	// are never touched. Defaults to 10 minutes,
+	// reconcile.StalePendingDefault.
+	StalePending time.Duration
+
+	// PruneDisabled turns off retention in maintenance. By default every
+	// run also prunes finished keys past their retention into tombstones,
+	// and tombstones past their horizon (see [outbox.Client.Prune]).
+	PruneDisabled bool
+
+	// Logger receives the maintenance reconciler's logs. Defaults to the
+	// dispatcher's ([Config.Logger]).
 	Logger *slog.Logger
 }
 

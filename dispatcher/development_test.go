@@ -45,7 +45,7 @@ func developmentPreset(schema string, registry *outbox.Registry) (outbox.Config,
 	}
 	config := dispatcher.Config{
 		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
-		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
+		Reconcile:           dispatcher.ReconcileConfig{Grace: reconcile.GraceDevelopment},
 	}
 	return client, config
 }
@@ -129,7 +129,7 @@ func TestDevelopmentPreset(t *testing.T) {
 	bound := recoveryBound(clientConfig, config)
 	require.Equal(t, 5*time.Second, bound, "the bound docs/examples.md states")
 	defaults := recoveryBound(outbox.Config{Lease: outbox.CallTimeoutDefault + 30*time.Second},
-		dispatcher.Config{MaintenanceInterval: dispatcher.MaintenanceIntervalDefault, Reconcile: reconcile.Config{Grace: reconcile.GraceDefault}})
+		dispatcher.Config{MaintenanceInterval: dispatcher.MaintenanceIntervalDefault, Reconcile: dispatcher.ReconcileConfig{Grace: reconcile.GraceDefault}})
 	require.Equal(t, 2*time.Minute, defaults, "the defaults' bound docs/examples.md states")
 	requirePresetDocumented(t, bound, defaults)
 

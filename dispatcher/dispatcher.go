@@ -15,9 +15,9 @@ import (
 	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/observe"
+	"github.com/pgonce/pgonce/internal/reconciler"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
-	"github.com/pgonce/pgonce/reconcile"
 )
 
 // Dispatcher claims due pending keys and runs their providers. Any number of
@@ -34,7 +34,7 @@ type Dispatcher[TTx any] struct {
 	workerID string
 	// reconciler runs maintenance while this dispatcher is elected; nil
 	// with [Config.MaintenanceDisabled].
-	reconciler *reconcile.Reconciler[TTx]
+	reconciler *reconciler.Engine
 	// controls knows which tools have flow control.
 	controls *controls
 
@@ -61,14 +61,14 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		return nil, fmt.Errorf("%w: %w: a dispatcher over a client with PoolingTransaction cannot listen through the pooler: "+
 			"set the client's ListenConnectFunc to a direct connection, or NotifyDisabled to poll only", ErrInvalidConfig, outbox.ErrTransactionPooling)
 	}
-	var reconciler *reconcile.Reconciler[TTx]
+	attempts := attempt.Of(client)
+	var engine *reconciler.Engine
 	if !config.MaintenanceDisabled {
 		var err error
-		if reconciler, err = reconcile.New(client, config.Reconcile); err != nil {
+		if engine, err = newReconciler(client, attempts, config.Reconcile); err != nil {
 			return nil, fmt.Errorf("%w: Reconcile: %w", ErrInvalidConfig, err)
 		}
 	}
-	attempts := attempt.Of(client)
 	return &Dispatcher[TTx]{
 		client:     client,
 		attempts:   attempts,
@@ -77,7 +77,7 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		config:     config,
 		logger:     config.Logger,
 		workerID:   ident.WorkerID(clientConfig.WorkerID),
-		reconciler: reconciler,
+		reconciler: engine,
 		controls:   newControls(config.MaintenanceInterval),
 	}, nil
 }

@@ -66,8 +66,8 @@ func ExampleConfig_development() {
 		panic(err)
 	}
 	config := dispatcher.Config{
-		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,           // 1s
-		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment}, // 1s
+		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,                     // 1s
+		Reconcile:           dispatcher.ReconcileConfig{Grace: reconcile.GraceDevelopment}, // 1s
 	}
 
 	res, err := client.Submit(ctx, outbox.Call{

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/observe"
+	"github.com/pgonce/pgonce/internal/reconciler"
 	"github.com/pgonce/pgonce/outbox"
-	"github.com/pgonce/pgonce/reconcile"
 )
 
 // leaderTTLIntervals is how many maintenance intervals a leadership lasts
@@ -28,12 +29,38 @@ func maintenanceLeadership(tools []string) string {
 	return "maintenance:" + hex.EncodeToString(sum[:16])
 }
 
+// newReconciler returns the reconcile engine that maintenance runs over
+// client, whose runner is attempts, with config's settings: the engine that
+// package reconcile runs too, so that both resolve, count and prune alike.
+func newReconciler[TTx any](client *outbox.Client[TTx], attempts *attempt.Runner, config ReconcileConfig) (*reconciler.Engine, error) {
+	clientConfig := client.Config()
+	engineConfig := reconciler.Config{
+		Grace:            config.Grace,
+		BatchSize:        config.BatchSize,
+		StalePending:     config.StalePending,
+		Logger:           config.Logger,
+		Runner:           attempts,
+		ToolsFunc:        clientConfig.Registry.Names,
+		Lease:            clientConfig.Lease,
+		StatementTimeout: clientConfig.StatementTimeout,
+		NowFunc:          clientConfig.NowFunc,
+		WorkerID:         clientConfig.WorkerID,
+	}
+	if !config.PruneDisabled {
+		engineConfig.PruneFunc = func(ctx context.Context) (reconciler.Pruned, error) {
+			res, err := client.Prune(ctx, nil)
+			return reconciler.Pruned{Keys: res.Keys, Tombstones: res.Tombstones}, err
+		}
+	}
+	return reconciler.New(engineConfig)
+}
+
 // maintain runs maintenance while this dispatcher is elected, until ctx is
 // done: every MaintenanceInterval it asks to be elected (or renews its
 // leadership) and, while it leads, runs the reconciler once. It resigns
 // when ctx is done, so that another dispatcher takes over at its next
 // attempt.
-func (d *Dispatcher[TTx]) maintain(ctx context.Context, reconciler *reconcile.Reconciler[TTx]) {
+func (d *Dispatcher[TTx]) maintain(ctx context.Context, engine *reconciler.Engine) {
 	tools := d.registry.Names()
 	if len(tools) == 0 {
 		return
@@ -77,7 +104,7 @@ func (d *Dispatcher[TTx]) maintain(ctx context.Context, reconciler *reconcile.Re
 		}
 		leading = elected
 		if leading {
-			if _, err := reconciler.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			if _, err := engine.RunOnce(ctx); err != nil && ctx.Err() == nil {
 				d.logger.ErrorContext(ctx, "pgonce: maintenance reconcile failed", "error", err)
 			}
 			if obs != nil {

@@ -22,7 +22,7 @@ import (
 func maintenanceConfig() dispatcher.Config {
 	config := fastConfig()
 	config.MaintenanceInterval = 100 * time.Millisecond
-	config.Reconcile = reconcile.Config{Grace: time.Millisecond}
+	config.Reconcile = dispatcher.ReconcileConfig{Grace: time.Millisecond}
 	return config
 }
 

@@ -3,16 +3,12 @@ package reconcile
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/pgonce/pgonce/internal/attempt"
-	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/observe"
-	"github.com/pgonce/pgonce/internal/store"
+	"github.com/pgonce/pgonce/internal/reconciler"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -29,7 +25,7 @@ const (
 const GraceDevelopment = time.Second
 
 // ErrInvalidConfig is returned by [New] for an invalid [Config].
-var ErrInvalidConfig = errors.New("invalid reconcile config")
+var ErrInvalidConfig = reconciler.ErrInvalidConfig
 
 // Config configures a [Reconciler]. Its zero value works.
 type Config struct {
@@ -71,13 +67,8 @@ type Config struct {
 // Reconciler resolves in-flight rows whose lease expired: a worker crashed,
 // or an attempt ended ambiguously with nobody left to record it.
 type Reconciler[TTx any] struct {
-	client   *outbox.Client[TTx]
-	attempts *attempt.Runner
-	store    *store.Store
-	registry *outbox.Registry
-	config   Config
-	logger   *slog.Logger
-	workerID string
+	engine *reconciler.Engine
+	logger *slog.Logger
 }
 
 // New returns a reconciler for the tools in client's registry.
@@ -86,50 +77,58 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 		return nil, fmt.Errorf("%w: client must not be nil", ErrInvalidConfig)
 	}
 	clientConfig := client.Config()
-	config.Grace = cmp.Or(config.Grace, GraceDefault)
-	config.BatchSize = cmp.Or(config.BatchSize, BatchSizeDefault)
-	config.StalePending = cmp.Or(config.StalePending, StalePendingDefault)
-	config.Logger = cmp.Or(config.Logger, clientConfig.Logger)
-	switch {
-	case config.Grace < 0:
-		return nil, fmt.Errorf("%w: Grace must not be negative", ErrInvalidConfig)
-	case config.BatchSize < 1 || config.BatchSize > 1000:
-		return nil, fmt.Errorf("%w: BatchSize must be between 1 and 1000", ErrInvalidConfig)
-	case config.StalePending < 0:
-		return nil, fmt.Errorf("%w: StalePending must not be negative", ErrInvalidConfig)
+	logger := cmp.Or(config.Logger, clientConfig.Logger)
+	engineConfig := reconciler.Config{
+		Grace:            config.Grace,
+		BatchSize:        config.BatchSize,
+		StalePending:     config.StalePending,
+		Logger:           logger,
+		Runner:           attempt.Of(client),
+		ToolsFunc:        clientConfig.Registry.Names,
+		Lease:            clientConfig.Lease,
+		StatementTimeout: clientConfig.StatementTimeout,
+		NowFunc:          clientConfig.NowFunc,
+		WorkerID:         clientConfig.WorkerID,
 	}
-	attempts := attempt.Of(client)
-	return &Reconciler[TTx]{
-		client:   client,
-		attempts: attempts,
-		store:    attempts.Store(),
-		registry: clientConfig.Registry,
-		config:   config,
-		logger:   config.Logger,
-		workerID: ident.WorkerID("reconcile:" + clientConfig.WorkerID),
-	}, nil
+	if progress := config.ProgressFunc; progress != nil {
+		engineConfig.ProgressFunc = func(report reconciler.Report) { progress(reportOf(report)) }
+	}
+	if !config.PruneDisabled {
+		engineConfig.PruneFunc = func(ctx context.Context) (reconciler.Pruned, error) {
+			res, err := client.Prune(ctx, nil)
+			return reconciler.Pruned{Keys: res.Keys, Tombstones: res.Tombstones}, err
+		}
+	}
+	engine, err := reconciler.New(engineConfig)
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler[TTx]{engine: engine, logger: logger}, nil
 }
 
 // Outcome names what the reconciler did with a row, as counted in a [Report].
-type Outcome string
+// Its values, the keys of Report.Resolved's outcomes in JSON, are
+// "requeued", "found", "needs_review", "lookup_failed", "superseded" and
+// "failed".
+type Outcome = reconciler.Outcome
 
 // Outcomes counted in a [Report].
 const (
 	// OutcomeRequeued: back to pending; the key is presented again.
-	OutcomeRequeued Outcome = "requeued"
+	OutcomeRequeued Outcome = reconciler.OutcomeRequeued
 	// OutcomeFound: a lookup found the effect; its response is recorded.
-	OutcomeFound Outcome = "found"
+	OutcomeFound Outcome = reconciler.OutcomeFound
 	// OutcomeNeedsReview: the outcome cannot be made certain.
-	OutcomeNeedsReview Outcome = "needs_review"
+	OutcomeNeedsReview Outcome = reconciler.OutcomeNeedsReview
 	// OutcomeLookupFailed: the lookup failed; the row is pending again and
 	// its next attempt looks up first.
-	OutcomeLookupFailed Outcome = "lookup_failed"
+	OutcomeLookupFailed Outcome = reconciler.OutcomeLookupFailed
 	// OutcomeSuperseded: someone else recorded the row first.
-	OutcomeSuperseded Outcome = "superseded"
+	OutcomeSuperseded Outcome = reconciler.OutcomeSuperseded
 	// OutcomeFailed: a lookup found that the action failed for good (it
 	// returned an [outbox.Permanent] or [outbox.PermanentBody] error); the
 	// key fails with that failure.
-	OutcomeFailed Outcome = "failed"
+	OutcomeFailed Outcome = reconciler.OutcomeFailed
 )
 
 // Report counts what one [Reconciler.RunOnce] examined and did. It is
@@ -151,19 +150,16 @@ type Report struct {
 	Pruned outbox.PruneResult `json:"pruned"`
 }
 
-func newReport() Report {
+// reportOf is the engine's report as a [Report]; it shares its maps.
+func reportOf(r reconciler.Report) Report {
 	return Report{
-		Examined:            map[string]int{},
-		Resolved:            map[string]map[Outcome]int{},
-		SkippedUnregistered: map[string]int{},
+		Examined:            r.Examined,
+		Resolved:            r.Resolved,
+		SkippedUnregistered: r.SkippedUnregistered,
+		StalePending:        r.StalePending,
+		OldestStalePending:  r.OldestStalePending,
+		Pruned:              outbox.PruneResult{Keys: r.Pruned.Keys, Tombstones: r.Pruned.Tombstones},
 	}
-}
-
-func (r *Report) count(tool string, outcome Outcome) {
-	if r.Resolved[tool] == nil {
-		r.Resolved[tool] = map[Outcome]int{}
-	}
-	r.Resolved[tool][outcome]++
 }
 
 // RunOnce resolves every in-flight row whose lease expired more than
@@ -181,192 +177,8 @@ func (r *Report) count(tool string, outcome Outcome) {
 //     error: back to pending with the next attempt looking up first.
 //   - [outbox.AtMostOnce]: needs review; never retried automatically.
 func (r *Reconciler[TTx]) RunOnce(ctx context.Context) (Report, error) {
-	obs := r.attempts.Observer()
-	if obs == nil {
-		return r.runOnce(ctx)
-	}
-	ctx, end := obs.StartReconcile(ctx)
-	report, err := r.runOnce(ctx)
-	done := &observe.Reconciled{Err: err}
-	for _, n := range report.Examined {
-		done.Examined += n
-	}
-	for tool, kinds := range report.Resolved {
-		for kind, n := range kinds {
-			done.Resolutions = append(done.Resolutions, observe.Resolution{Tool: tool, Kind: string(kind), Count: n})
-		}
-	}
-	end(done)
-	return report, err
-}
-
-// now is the client's clock as a statement parameter: nil, the database's
-// clock, unless the client's Config.NowFunc is set, which leases then
-// follow (as the client's and the dispatcher's statements do).
-func (r *Reconciler[TTx]) now() *time.Time {
-	if r.client.Config().NowFunc == nil {
-		return nil
-	}
-	now := r.client.Now()
-	return &now
-}
-
-func (r *Reconciler[TTx]) runOnce(ctx context.Context) (Report, error) {
-	report := newReport()
-	tools := r.registry.Names()
-	for {
-		var rows []*store.ClaimedKey
-		claimedAt := time.Now()
-		err := r.statement(ctx, func(ctx context.Context) error {
-			var err error
-			rows, err = r.store.ReclaimExpired(ctx, &store.ReclaimExpiredParams{
-				Grace:  r.config.Grace,
-				Tools:  tools,
-				Max:    r.config.BatchSize,
-				Lease:  r.client.Config().Lease,
-				Worker: r.workerID,
-				Now:    r.now(),
-			})
-			return err
-		})
-		if err != nil {
-			return report, fmt.Errorf("reclaim expired rows: %w", err)
-		}
-		if len(rows) == 0 {
-			break
-		}
-		outcomes := make([]attempt.Outcome, len(rows))
-		labels := make([]Outcome, len(rows))
-		var resolving sync.WaitGroup
-		for i, row := range rows {
-			resolving.Go(func() { outcomes[i], labels[i] = r.resolve(ctx, row, claimedAt) })
-		}
-		resolving.Wait()
-		tools := make(map[string]string, len(rows))
-		for i, row := range rows {
-			report.Examined[row.Tool]++
-			report.count(row.Tool, labels[i])
-			tools[outcomes[i].Key] = row.Tool
-		}
-		// Record logs what an operator must act on (review, failure) to
-		// the reconciler's logger; requeues are logged here, at debug.
-		written, err := r.attempts.Record(attempt.WithLogger(ctx, r.logger), outcomes)
-		if err != nil {
-			return report, err
-		}
-		for _, out := range outcomes {
-			if !written[out.Key] {
-				report.count(tools[out.Key], OutcomeSuperseded)
-			} else if out.Kind == attempt.Retry {
-				r.logger.DebugContext(ctx, "pgonce: reconciler requeued a key whose lease expired",
-					"key", out.Key, "tool", out.Tool, "attempt", out.Attempt, "error", out.Err)
-			}
-		}
-		if r.config.ProgressFunc != nil {
-			r.config.ProgressFunc(report)
-		}
-		if len(rows) < r.config.BatchSize {
-			break
-		}
-	}
-
-	err := r.statement(ctx, func(ctx context.Context) error {
-		skipped, err := r.store.CountExpired(ctx, &store.CountExpiredParams{Grace: r.config.Grace, Tools: tools, Now: r.now()})
-		if err != nil {
-			return fmt.Errorf("count skipped rows: %w", err)
-		}
-		for _, row := range skipped {
-			report.SkippedUnregistered[row.Tool] = int(row.Count)
-		}
-		return nil
-	})
-	if err != nil {
-		return report, err
-	}
-	err = r.statement(ctx, func(ctx context.Context) error {
-		stale, err := r.store.CountStalePending(ctx, r.config.StalePending, r.now())
-		if err != nil {
-			return fmt.Errorf("count stale pending rows: %w", err)
-		}
-		report.StalePending = int(stale.Count)
-		report.OldestStalePending = stale.OldestAge
-		return nil
-	})
-	if err != nil {
-		return report, err
-	}
-	if !r.config.PruneDisabled {
-		report.Pruned, err = r.client.Prune(ctx, nil)
-		if err != nil {
-			return report, err
-		}
-	}
-	if report.StalePending > 0 {
-		r.logger.WarnContext(ctx, "pgonce: pending rows nobody picks up; is a dispatcher running?",
-			"stale_pending", report.StalePending, "oldest", report.OldestStalePending)
-	}
-	return report, nil
-}
-
-// statement runs f, one statement, on a pool connection under the client's
-// [outbox.Config.StatementTimeout]: a statement that hangs (a connection
-// whose server vanished) is cancelled and its connection dropped, and the
-// next run takes another.
-func (r *Reconciler[TTx]) statement(ctx context.Context, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, r.client.Config().StatementTimeout)
-	defer cancel()
-	return f(ctx)
-}
-
-// resolve decides one expired row without calling its provider.
-// claimedAt is the local clock just before the row was reclaimed.
-//
-// The row's delivery mode and provider key retention are the ones stored
-// with the key at submit, not the registration's: a reconciler that
-// registers a tool without them (the CLI's placeholders) still resolves its
-// rows as their submitter's tool would. A row stored as a lookup tool whose
-// registration here cannot look up goes back to pending with the next
-// attempt looking up first, for a process that registers its provider.
-func (r *Reconciler[TTx]) resolve(ctx context.Context, row *store.ClaimedKey, claimedAt time.Time) (attempt.Outcome, Outcome) {
-	registered := r.attempts.Tool(row.Tool)
-	if registered == nil {
-		// Only registered tools are reclaimed, and a registry never drops
-		// one; a lookup keeps the row safe all the same.
-		registered = &attempt.Tool{Name: row.Tool}
-	}
-	tool := *registered
-	tool.Delivery = row.Delivery
-	tool.KeyRetention = row.KeyRetention
-	// Recording is tried again after transient failures, but never past
-	// the reconciler's own lease.
-	a := r.attempts.Claimed(row, claimedAt, 0)
-	a.Tool, a.Ambiguous = &tool, true
-	out := r.attempts.NewOutcome(a)
-	out.Kind, out.Ambiguous = attempt.Retry, true
-	out.Err = errors.New(attempt.LeaseExpiredReason)
-	if tool.Delivery == store.DeliveryByLookup && tool.Lookup == nil {
-		out.Err = errors.New("lease expired: the tool looks up by natural id, and no provider here can")
-		return out, OutcomeLookupFailed
-	}
-	switch how, resp, err := r.attempts.Settle(ctx, a); how {
-	case attempt.SettleReview:
-		out.Kind = attempt.NeedsReview
-		return out, OutcomeNeedsReview
-	case attempt.SettleFound:
-		out.Kind, out.Response, out.Ambiguous = attempt.Succeeded, resp, false
-		return out, OutcomeFound
-	case attempt.SettleLookupFailed:
-		out.Err = err
-		return out, OutcomeLookupFailed
-	case attempt.SettleFailed:
-		out.Kind, out.Failure, out.Err, out.Ambiguous = attempt.Failed, resp, err, false
-		return out, OutcomeFailed
-	case attempt.SettleNotFound:
-		out.Ambiguous = false
-		return out, OutcomeRequeued
-	default: // attempt.SettleByKey
-		return out, OutcomeRequeued
-	}
+	report, err := r.engine.RunOnce(ctx)
+	return reportOf(report), err
 }
 
 // Run calls [Reconciler.RunOnce] every interval until ctx is done, logging

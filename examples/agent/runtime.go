@@ -101,7 +101,7 @@ func runtimeLife(ctx context.Context, out io.Writer, schema, life string) error 
 	}
 	d, err := dispatcher.New(client, dispatcher.Config{
 		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
-		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
+		Reconcile:           dispatcher.ReconcileConfig{Grace: reconcile.GraceDevelopment},
 	})
 	if err != nil {
 		return err

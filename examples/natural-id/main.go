@@ -190,7 +190,7 @@ func run(ctx context.Context, out io.Writer, schema string, keep bool) (err erro
 	config := dispatcher.Config{
 		Concurrency:         1,
 		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
-		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
+		Reconcile:           dispatcher.ReconcileConfig{Grace: reconcile.GraceDevelopment},
 	}
 
 	fmt.Fprintln(out, "pgonce example: a provider without keys, looked up by its natural id")

@@ -136,7 +136,7 @@ func run(dbURL, addr, schema string, keep bool) (err error) {
 	// mid-way goes back to pending once its lease expires.
 	d, err := dispatcher.New(client, dispatcher.Config{
 		MaintenanceInterval: dispatcher.MaintenanceIntervalDevelopment,
-		Reconcile:           reconcile.Config{Grace: reconcile.GraceDevelopment},
+		Reconcile:           dispatcher.ReconcileConfig{Grace: reconcile.GraceDevelopment},
 	})
 	if err != nil {
 		return err

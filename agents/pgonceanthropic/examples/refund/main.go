@@ -44,7 +44,6 @@ import (
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/migrations"
 	"github.com/pgonce/pgonce/outbox"
-	"github.com/pgonce/pgonce/reconcile"
 	"github.com/pgonce/pgonce/toolcall"
 )
 
@@ -182,7 +181,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	}
 	disp, err := dispatcher.New(clientB, dispatcher.Config{
 		MaintenanceInterval: 50 * time.Millisecond,
-		Reconcile:           reconcile.Config{Grace: time.Millisecond, PruneDisabled: true},
+		Reconcile:           dispatcher.ReconcileConfig{Grace: time.Millisecond, PruneDisabled: true},
 	})
 	if err != nil {
 		return err
