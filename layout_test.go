@@ -83,6 +83,56 @@ func TestInternalImportsNoPublicPackage(t *testing.T) {
 	}
 }
 
+// publicImports lists, for every public package of the library, the public
+// packages it may import. The arrows point one way, `cmd` → `dispatcher`,
+// `reconcile` → `outbox` → internal: the dispatcher and the reconciler are
+// siblings that meet only through `outbox` and what lies beneath it (the
+// reconcile engine both run is internal), and `outbox` imports neither. The
+// packages over the public API import what they build on: the HTTP
+// middleware stores httpprovider's response envelope, and oncetest drains
+// with a dispatcher. The CLI and the examples, at the top, import anything.
+// A new public package needs its line here.
+var publicImports = map[string][]string{
+	modulePath:                   nil,
+	modulePath + "/migrations":   nil,
+	modulePath + "/outbox":       {modulePath + "/migrations"},
+	modulePath + "/dispatcher":   {modulePath + "/outbox"},
+	modulePath + "/reconcile":    {modulePath + "/outbox"},
+	modulePath + "/httpprovider": {modulePath + "/outbox"},
+	modulePath + "/httpstatus":   {modulePath + "/outbox"},
+	modulePath + "/telemetry":    {modulePath + "/outbox"},
+	modulePath + "/toolcall":     {modulePath + "/outbox"},
+	modulePath + "/idempotency":  {modulePath + "/outbox", modulePath + "/httpprovider"},
+	modulePath + "/oncetest":     {modulePath + "/outbox", modulePath + "/dispatcher", modulePath + "/migrations"},
+}
+
+// isTop reports whether pkg sits above the library, free to import any of
+// it: the CLI (with its own internal packages) and the examples.
+func isTop(pkg string) bool {
+	return strings.HasPrefix(pkg, modulePath+"/cmd/") || strings.HasPrefix(pkg, modulePath+"/examples/")
+}
+
+// TestPublicImportsPointOneWay checks the arrows between the public
+// packages against publicImports: no public package imports another but
+// those listed, so that neither `dispatcher` nor `reconcile` comes to
+// import the other, and `outbox` neither.
+func TestPublicImportsPointOneWay(t *testing.T) {
+	t.Parallel()
+
+	for pkg, imports := range listPackages(t, "Imports", "./...") {
+		if !isPublic(pkg) || isTop(pkg) {
+			continue
+		}
+		allowed, listed := publicImports[pkg]
+		require.True(t, listed, "the public package %s is missing from publicImports", pkg)
+		for _, imp := range imports {
+			if isPublic(imp) {
+				require.True(t, slices.Contains(allowed, imp), "%s imports the public package %s", pkg, imp)
+			}
+		}
+	}
+}
+
 // TestTestMachineryOnlyInTests checks that the internal packages allowed
 // above the public API (internalAboveThePublicAPI) are test machinery: no
 // library package depends on them, only tests, the runnable examples and
