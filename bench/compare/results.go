@@ -302,7 +302,7 @@ func (sum summary) text(env *environment) string {
 			if q.clients > 0 {
 				label = fmt.Sprintf("%s, %d clients", q.name, q.clients)
 			}
-			fmt.Fprintf(&b, "  %-84s %6.2f×  (%.2f–%.2f)\n", label, median(q.values), slices.Min(q.values), slices.Max(q.values))
+			fmt.Fprintf(&b, "  %-88s %6.2f×  (%.2f–%.2f)\n", label, median(q.values), slices.Min(q.values), slices.Max(q.values))
 		}
 	}
 	return b.String()
