@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // procDir is where Linux shows its processes.
@@ -233,20 +235,12 @@ func (env *environment) readServerCPU(ctx context.Context) (cpuReading, bool) {
 	if err != nil {
 		return cpuReading{}, false
 	}
-	pids := []int{env.postmaster}
-	for rows.Next() {
-		var pid int
-		if err := rows.Scan(&pid); err != nil {
-			rows.Close()
-			return cpuReading{}, false
-		}
-		pids = append(pids, pid)
-	}
-	if rows.Err() != nil {
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
 		return cpuReading{}, false
 	}
 	reading := cpuReading{}
-	if reading.pids, err = processCPU(procDir, pids); err != nil {
+	if reading.pids, err = processCPU(procDir, append(pids, env.postmaster)); err != nil {
 		return cpuReading{}, false
 	}
 	if reading.all, err = serverCPU(procDir, env.postmaster); err != nil {
