@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/pgonce/pgonce/dispatcher"
@@ -63,31 +66,40 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 	}
 	variants := []variant{
 		{drainPgonceTuned, func(ctx context.Context, id string) (span, error) {
-			return env.drainPgonce(ctx, id, pgonceTunedConfig())
+			return env.drainPgonce(ctx, id, pgonceTunedConfig(), driverPgx)
+		}},
+		{drainPgonceTunedSQL, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonce(ctx, id, pgonceTunedConfig(), driverSQL)
 		}},
 		{drainPgonceDefault, func(ctx context.Context, id string) (span, error) {
-			return env.drainPgonce(ctx, id, dispatcher.Config{})
+			return env.drainPgonce(ctx, id, dispatcher.Config{}, driverPgx)
 		}},
 		{drainPgonceLimited, func(ctx context.Context, id string) (span, error) {
 			return env.drainPgonceLimited(ctx, id)
 		}},
 		{drainPgonceFreshAnalyzed, func(ctx context.Context, id string) (span, error) {
-			return env.drainPgonceFresh(ctx, id, true, false)
+			return env.drainPgonceFresh(ctx, id, true, false, driverPgx)
 		}},
 		{drainPgonceFreshUnanalyzed, func(ctx context.Context, id string) (span, error) {
-			return env.drainPgonceFresh(ctx, id, false, false)
+			return env.drainPgonceFresh(ctx, id, false, false, driverPgx)
+		}},
+		{drainPgonceFreshUnanalyzedSQL, func(ctx context.Context, id string) (span, error) {
+			return env.drainPgonceFresh(ctx, id, false, false, driverSQL)
 		}},
 		{drainPgoncePkeyAnalyzed, func(ctx context.Context, id string) (span, error) {
-			return env.drainPgonceFresh(ctx, id, true, true)
+			return env.drainPgonceFresh(ctx, id, true, true, driverPgx)
 		}},
 		{drainPgoncePkeyUnanalyzed, func(ctx context.Context, id string) (span, error) {
-			return env.drainPgonceFresh(ctx, id, false, true)
+			return env.drainPgonceFresh(ctx, id, false, true, driverPgx)
 		}},
 		{drainRiverTuned, func(ctx context.Context, id string) (span, error) {
-			return env.drainRiver(ctx, id, riverTunedConfig())
+			return env.drainRiver(ctx, id, riverTunedConfig(), driverPgx)
+		}},
+		{drainRiverTunedSQL, func(ctx context.Context, id string) (span, error) {
+			return env.drainRiver(ctx, id, riverTunedConfig(), driverSQL)
 		}},
 		{drainRiverDefault, func(ctx context.Context, id string) (span, error) {
-			return env.drainRiver(ctx, id, riverDefaultConfig())
+			return env.drainRiver(ctx, id, riverDefaultConfig(), driverPgx)
 		}},
 	}
 	var results []result
@@ -96,20 +108,53 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", v.name, err)
 		}
-		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs})
+		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll})
 	}
 	return results, nil
 }
 
-// drainPgonce submits drainCalls calls through SubmitTx, outside the
-// timer, then times one dispatcher with config from Run until every
-// outcome is recorded.
-func (env *environment) drainPgonce(ctx context.Context, runID string, config dispatcher.Config) (span, error) {
+// driver is the client side of a variant: pgx, or database/sql through
+// pgx's stdlib driver.
+type driver int
+
+const (
+	driverPgx driver = iota
+	driverSQL
+)
+
+// runner is what a drain times: a pgonce dispatcher's Run.
+type runner interface {
+	Run(ctx context.Context) error
+}
+
+// newDispatcherFunc returns a dispatcher with config over one of the
+// pgonce clients.
+type newDispatcherFunc func(config dispatcher.Config) (runner, error)
+
+// dispatcherOver returns the newDispatcherFunc of client.
+func dispatcherOver[TTx any](client *outbox.Client[TTx]) newDispatcherFunc {
+	return func(config dispatcher.Config) (runner, error) {
+		d, err := dispatcher.New(client, config)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
+}
+
+// drainPgonce submits drainCalls calls through SubmitTx on pgx, outside
+// the timer, then times one dispatcher with config, over the pgonce client
+// of drv, from Run until every outcome is recorded.
+func (env *environment) drainPgonce(ctx context.Context, runID string, config dispatcher.Config, drv driver) (span, error) {
 	table := env.pgonceTable()
 	if err := env.truncate(ctx, table); err != nil {
 		return span{}, err
 	}
-	return env.drainPgonceIn(ctx, env.pgoncePgx, table, runID, config, true)
+	newDispatcher := dispatcherOver(env.pgoncePgx)
+	if drv == driverSQL {
+		newDispatcher = dispatcherOver(env.pgonceSQL)
+	}
+	return env.drainPgonceIn(ctx, env.pgoncePgx, newDispatcher, table, runID, config, true)
 }
 
 // drainPgonceLimited is the tuned drain of the tool under limits that
@@ -119,17 +164,20 @@ func (env *environment) drainPgonceLimited(ctx context.Context, runID string) (s
 	if _, err := env.pgoncePgx.SetToolLimits(ctx, compareTool, outbox.ToolLimits{MaxInFlight: 1_000_000, Rate: 1_000_000}, params); err != nil {
 		return span{}, fmt.Errorf("set limits: %w", err)
 	}
-	measured, err := env.drainPgonce(ctx, runID, pgonceTunedConfig())
+	measured, err := env.drainPgonce(ctx, runID, pgonceTunedConfig(), driverPgx)
 	if _, clearErr := env.pgoncePgx.SetToolLimits(context.WithoutCancel(ctx), compareTool, outbox.ToolLimits{}, params); clearErr != nil {
 		err = errors.Join(err, fmt.Errorf("clear limits: %w", clearErr))
 	}
 	return measured, err
 }
 
-// drainPgonceIn fills client's empty table with drainCalls calls, analyzes
-// it when analyze is set, and times one dispatcher with config draining it.
-func (env *environment) drainPgonceIn(ctx context.Context, client *outbox.Client[pgx.Tx], table, runID string, config dispatcher.Config, analyze bool) (span, error) {
-	if err := env.fillPgonce(ctx, client, runID, env.s.drainCalls); err != nil {
+// drainPgonceIn fills fill's empty table with drainCalls calls, analyzes
+// it when analyze is set, and times one dispatcher of newDispatcher, over
+// a client of the same schema, with config draining it. The fill is on
+// pgx whatever the dispatcher's driver: it is outside the timer, and the
+// rows are the same.
+func (env *environment) drainPgonceIn(ctx context.Context, fill *outbox.Client[pgx.Tx], newDispatcher newDispatcherFunc, table, runID string, config dispatcher.Config, analyze bool) (span, error) {
+	if err := env.fillPgonce(ctx, fill, runID, env.s.drainCalls); err != nil {
 		return span{}, err
 	}
 	if analyze {
@@ -138,7 +186,7 @@ func (env *environment) drainPgonceIn(ctx context.Context, client *outbox.Client
 		}
 	}
 	reached := env.pgonceCounter.expect(env.s.drainCalls, nil)
-	d, err := dispatcher.New(client, config)
+	d, err := newDispatcher(config)
 	if err != nil {
 		return span{}, fmt.Errorf("dispatcher: %w", err)
 	}
@@ -169,8 +217,9 @@ func (env *environment) drainPgonceIn(ctx context.Context, client *outbox.Client
 // table's primary key, a unique B-tree, instead of its hash index, as an
 // unreleased migration once made it so that statements joining a batch of
 // keys to the table would not read all of it; they match on the unique
-// scope now, and one run compares the two layouts.
-func (env *environment) drainPgonceFresh(ctx context.Context, runID string, analyze, primaryKey bool) (span, error) {
+// scope now, and one run compares the two layouts. The dispatcher runs on
+// drv.
+func (env *environment) drainPgonceFresh(ctx context.Context, runID string, analyze, primaryKey bool, drv driver) (span, error) {
 	schema := env.schemaPgonce + "_fresh"
 	table := quote(schema) + ".pgonce_key"
 	if err := migrations.Up(ctx, env.db, schema); err != nil {
@@ -189,11 +238,20 @@ func (env *environment) drainPgonceFresh(ctx context.Context, runID string, anal
 	if err := registry.Register(compareTool, outbox.ProviderFunc(env.pgonceCounter.call), outbox.IdempotentByKey); err != nil {
 		return span{}, fmt.Errorf("register: %w", err)
 	}
-	client, err := outbox.NewPgx(env.pool, outbox.Config{Schema: schema, Registry: registry, Logger: slog.New(slog.DiscardHandler)})
+	clientConfig := outbox.Config{Schema: schema, Registry: registry, Logger: slog.New(slog.DiscardHandler)}
+	client, err := outbox.NewPgx(env.pool, clientConfig)
 	if err != nil {
 		return span{}, fmt.Errorf("fresh client: %w", err)
 	}
-	return env.drainPgonceIn(ctx, client, table, runID, pgonceTunedConfig(), analyze)
+	newDispatcher := dispatcherOver(client)
+	if drv == driverSQL {
+		sqlClient, err := outbox.New(env.db, clientConfig)
+		if err != nil {
+			return span{}, fmt.Errorf("fresh database/sql client: %w", err)
+		}
+		newDispatcher = dispatcherOver(sqlClient)
+	}
+	return env.drainPgonceIn(ctx, client, newDispatcher, table, runID, pgonceTunedConfig(), analyze)
 }
 
 // fillPgonce submits n calls of runID through client's SubmitTx,
@@ -251,10 +309,29 @@ func (w *riverWorker) Work(_ context.Context, job *river.Job[compareArgs]) error
 	return nil
 }
 
-// newRiverClient returns a river client over river's schema with config,
-// whose no-op worker counts into counter. A config without queues makes
-// an insert-only client.
+// newRiverClient returns a river client on pgx over river's schema with
+// config, whose no-op worker counts into counter. A config without queues
+// makes an insert-only client.
 func (env *environment) newRiverClient(config *river.Config, counter *counter) (*river.Client[pgx.Tx], error) {
+	return newRiverClientOn(env, riverpgxv5.New(env.pool), config, counter)
+}
+
+// newRiverSQLClient is newRiverClient on database/sql, through
+// riverdatabasesql over the harness's *sql.DB. riverdatabasesql.New has no
+// listener (only NewWithPgxListener, with a pgx pool beside it, has one),
+// so a client that works jobs runs in poll-only mode: a producer fetches
+// when the client starts, again as soon as a slot is free after a fetch
+// that filled every slot it asked for (FetchCooldown apart), and otherwise
+// every FetchPollInterval. A drain's backlog never waits for the poll but
+// at its end; river's own insert notifications to its producers, which
+// poll-only mode relies on, come only from inserts through the working
+// client itself.
+func (env *environment) newRiverSQLClient(config *river.Config, counter *counter) (*river.Client[*sql.Tx], error) {
+	return newRiverClientOn(env, riverdatabasesql.New(env.db), config, counter)
+}
+
+// newRiverClientOn is newRiverClient on driver.
+func newRiverClientOn[TTx any](env *environment, driver riverdriver.Driver[TTx], config *river.Config, counter *counter) (*river.Client[TTx], error) {
 	config.Schema = env.schemaRiver
 	config.Logger = slog.New(slog.DiscardHandler)
 	if counter != nil {
@@ -264,23 +341,45 @@ func (env *environment) newRiverClient(config *river.Config, counter *counter) (
 		}
 		config.Workers = workers
 	}
-	client, err := river.NewClient(riverpgxv5.New(env.pool), config)
+	client, err := river.NewClient(driver, config)
 	if err != nil {
 		return nil, fmt.Errorf("river client: %w", err)
 	}
 	return client, nil
 }
 
-// drainRiver inserts drainCalls jobs with InsertManyFast, outside the
-// timer, then times one client with config from Start until every job is
-// completed.
-func (env *environment) drainRiver(ctx context.Context, runID string, config *river.Config) (span, error) {
+// riverService is what a river drain times: a client's Start and Stop.
+type riverService interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
+
+// drainRiver inserts drainCalls jobs with InsertManyFast on pgx, outside
+// the timer, then times one client on drv with config from Start until
+// every job is completed.
+func (env *environment) drainRiver(ctx context.Context, runID string, config *river.Config, drv driver) (span, error) {
 	table := env.riverTable()
 	if err := env.truncate(ctx, table); err != nil {
 		return span{}, err
 	}
 	counter := newCounter()
-	client, err := env.newRiverClient(config, counter)
+	var client riverService
+	switch drv {
+	case driverSQL:
+		sqlClient, err := env.newRiverSQLClient(config, counter)
+		if err != nil {
+			return span{}, err
+		}
+		client = sqlClient
+	default:
+		pgxClient, err := env.newRiverClient(config, counter)
+		if err != nil {
+			return span{}, err
+		}
+		client = pgxClient
+	}
+	// The fill is on pgx whatever the client's driver, as pgonce's is.
+	inserter, err := env.newRiverClient(&river.Config{}, nil)
 	if err != nil {
 		return span{}, err
 	}
@@ -288,7 +387,7 @@ func (env *environment) drainRiver(ctx context.Context, runID string, config *ri
 	for n := range params {
 		params[n] = river.InsertManyParams{Args: compareArgs{Round: runID, N: int64(n)}}
 	}
-	if _, err := client.InsertManyFast(ctx, params); err != nil {
+	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
 		return span{}, fmt.Errorf("fill: %w", err)
 	}
 	if err := env.analyze(ctx, table); err != nil {

@@ -17,7 +17,8 @@ import (
 
 // callsPerManyTx is how many calls a transaction of the many-call
 // variants submits: one at a time through SubmitTx, or all at once
-// through SubmitManyTx.
+// through SubmitManyTx; and how many unique jobs river's InsertManyTx
+// inserts beside them.
 const callsPerManyTx = 10
 
 // txFunc is one caller transaction's work beside its commit: the business
@@ -30,6 +31,10 @@ type txFunc func(ctx context.Context, n int64) error
 // tables.
 func (env *environment) runEnqueue(ctx context.Context, round int, forward bool) ([]result, error) {
 	inserter, err := env.newRiverClient(&river.Config{}, nil)
+	if err != nil {
+		return nil, err
+	}
+	sqlInserter, err := env.newRiverSQLClient(&river.Config{}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +130,22 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 				return err
 			})
 		}},
+		{enqueueRiverUniqueSQL, func(runID string) txFunc {
+			return sqlTx(func(ctx context.Context, tx *sql.Tx, n int64) error {
+				_, err := sqlInserter.InsertTx(ctx, tx, compareArgs{Round: runID, N: n}, unique)
+				return err
+			})
+		}},
+		{enqueueRiverManyUnique, func(runID string) txFunc {
+			return pgxTx(func(ctx context.Context, tx pgx.Tx, n int64) error {
+				params := make([]river.InsertManyParams, callsPerManyTx)
+				for i := range params {
+					params[i] = river.InsertManyParams{Args: compareArgs{Round: runID, N: n*callsPerManyTx + int64(i)}, InsertOpts: unique}
+				}
+				_, err := inserter.InsertManyTx(ctx, tx, params)
+				return err
+			})
+		}},
 	}
 
 	var results []result
@@ -143,7 +164,7 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 				return results, fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
 			}
 			results = append(results, result{
-				round: round, phase: phaseEnqueue, variant: v.name, clients: clients, count: env.s.enqueueTx, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs,
+				round: round, phase: phaseEnqueue, variant: v.name, clients: clients, count: env.s.enqueueTx, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll,
 			})
 		}
 	}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib" // the database/sql driver "pgx"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
@@ -62,6 +62,12 @@ type environment struct {
 
 	serverVersion string
 	riverVersion  string
+	// postmaster is the pid of the server's postmaster when the server
+	// runs on this machine, else 0: server CPU is then not measured.
+	postmaster int
+	// applicationName is the application_name of every connection of
+	// the run.
+	applicationName string
 
 	// checkpointRefused is set once the server refused a CHECKPOINT: the
 	// run goes on without them.
@@ -75,21 +81,30 @@ func newEnvironment(ctx context.Context, s settings) (env *environment, err erro
 			env.close()
 		}
 	}()
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	base := "compare_" + hex.EncodeToString(suffix[:])
+	env.schemaPgonce, env.schemaRiver, env.schemaApp, env.schemaFloor = base+"_pgonce", base+"_river", base+"_app", base+"_floor"
+	// Every connection of the run, pgbench's too, says it is the run's,
+	// so that the server CPU of other clients of a shared server can be
+	// told apart.
+	env.applicationName = base
+
 	config, err := pgxpool.ParseConfig(s.databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}
 	config.MaxConns = int32(s.maxConns) //nolint:gosec // bounded by the settings
 	config.MaxConnIdleTime = time.Minute
+	config.ConnConfig.RuntimeParams["application_name"] = env.applicationName
+	sqlConfig := config.ConnConfig.Copy()
 	if env.pool, err = pgxpool.NewWithConfig(ctx, config); err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	if err = env.pool.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if env.db, err = sql.Open("pgx", s.databaseURL); err != nil {
-		return nil, fmt.Errorf("connect database/sql: %w", err)
-	}
+	env.db = stdlib.OpenDB(*sqlConfig)
 	env.db.SetMaxOpenConns(s.maxConns)
 	env.db.SetMaxIdleConns(s.maxConns)
 	env.db.SetConnMaxIdleTime(time.Minute)
@@ -98,11 +113,9 @@ func newEnvironment(ctx context.Context, s settings) (env *environment, err erro
 		return nil, fmt.Errorf("server version: %w", err)
 	}
 	env.riverVersion = moduleVersion("github.com/riverqueue/river")
-
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	base := "compare_" + hex.EncodeToString(suffix[:])
-	env.schemaPgonce, env.schemaRiver, env.schemaApp, env.schemaFloor = base+"_pgonce", base+"_river", base+"_app", base+"_floor"
+	if env.postmaster, err = env.localPostmaster(ctx); err != nil {
+		return nil, err
+	}
 
 	// pgonce in a schema of its own, as an application migrates it.
 	if err = migrations.Up(ctx, env.db, env.schemaPgonce); err != nil {
@@ -184,11 +197,19 @@ func (env *environment) describe() string {
 	return fmt.Sprintf("pgonce beside river %s, %s profile, %d rounds\n"+
 		"machine: %s, %d CPUs, %s/%s; PostgreSQL %s\n"+
 		"drain %d calls; enqueue %d transactions per block at %s clients; end to end %d calls from %d callers; floor %d rows, %d pgbench clients, batches of %d\n"+
-		"schemas %s, %s, %s, %s",
+		"schemas %s, %s, %s, %s; %s",
 		env.riverVersion, profile, s.rounds,
 		host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, env.serverVersion,
 		s.drainCalls, s.enqueueTx, joinInts(s.enqueueClients), s.e2eCalls, s.e2eCallers, s.floorRows, s.floorClients, s.floorBatch,
-		env.schemaPgonce, env.schemaRiver, env.schemaApp, env.schemaFloor)
+		env.schemaPgonce, env.schemaRiver, env.schemaApp, env.schemaFloor, env.describeServerCPU())
+}
+
+// describeServerCPU says whether and where the server's CPU is read.
+func (env *environment) describeServerCPU() string {
+	if env.postmaster == 0 {
+		return "server CPU not measured (the server's processes are not on this machine)"
+	}
+	return fmt.Sprintf("server CPU read from %s (postmaster %d and its children; the run's share: application_name %s and the background processes)", procDir, env.postmaster, env.applicationName)
 }
 
 func (env *environment) businessTable() string {
@@ -388,6 +409,10 @@ type span struct {
 	// mallocs is the heap allocations of this process meanwhile: the
 	// library's, and the harness's own, alike on both sides.
 	mallocs uint64
+	// serverCPU is the CPU time the server spent meanwhile on the
+	// harness's behalf, and serverCPUAll the whole server's (see
+	// [environment.readServerCPU]); both -1 when not measured.
+	serverCPU, serverCPUAll time.Duration
 }
 
 // timing is a section begun by startTiming.
@@ -395,6 +420,9 @@ type timing struct {
 	began   time.Time
 	lsn     int64
 	mallocs uint64
+	// cpu is the server's CPU time so far, when cpuRead.
+	cpu     cpuReading
+	cpuRead bool
 }
 
 // startTiming begins a timed section, after a CHECKPOINT unless the
@@ -410,14 +438,20 @@ func (env *environment) startTiming(ctx context.Context) (timing, error) {
 		}
 	}
 	lsn, err := env.walInsertLSN(ctx)
-	return timing{began: time.Now(), lsn: lsn, mallocs: mallocs()}, err
+	// Read before the clock starts and the allocations are counted: the
+	// scan of /proc is the harness's, not the measurement's.
+	cpu, cpuRead := env.readServerCPU(ctx)
+	return timing{began: time.Now(), lsn: lsn, mallocs: mallocs(), cpu: cpu, cpuRead: cpuRead}, err
 }
 
 // stopTiming ends the section t began. A failure to read the WAL position
 // leaves walBytes negative: the measurement still counts, unpriced.
 func (env *environment) stopTiming(ctx context.Context, t timing) span {
 	elapsed := time.Since(t.began)
-	measured := span{elapsed: elapsed, mallocs: mallocs() - t.mallocs}
+	measured := span{elapsed: elapsed, mallocs: mallocs() - t.mallocs, serverCPU: -1, serverCPUAll: -1}
+	if cpu, ok := env.readServerCPU(context.WithoutCancel(ctx)); ok && t.cpuRead {
+		measured.serverCPU, measured.serverCPUAll = cpu.since(t.cpu)
+	}
 	lsn, err := env.walInsertLSN(context.WithoutCancel(ctx))
 	if err != nil {
 		measured.walBytes = -1

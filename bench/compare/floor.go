@@ -94,9 +94,20 @@ func (env *environment) runFloor(ctx context.Context, round int) ([]result, erro
 	var output bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &output, &output
 
+	// pgbench's connections are the run's, as the harness's own are.
+	cmd.Env = append(os.Environ(), "PGAPPNAME="+env.applicationName)
+
+	cpuBefore, cpuRead := env.readServerCPU(ctx)
 	began := time.Now()
 	err = cmd.Run()
 	elapsed := time.Since(began)
+	serverCPU, serverCPUAll := time.Duration(-1), time.Duration(-1)
+	// pgbench's backends end with it, before the second reading, so the
+	// run's share is not told for the floor: it has the whole server's
+	// figure alone.
+	if cpuAfter, ok := env.readServerCPU(ctx); ok && cpuRead {
+		_, serverCPUAll = cpuAfter.since(cpuBefore)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgbench: %w\n%s", err, output.String())
 	}
@@ -111,5 +122,5 @@ func (env *environment) runFloor(ctx context.Context, round int) ([]result, erro
 	if finished != env.s.floorRows || open != 0 {
 		return nil, fmt.Errorf("pgbench finished %d of %d rows, %d left open\n%s", finished, env.s.floorRows, open, output.String())
 	}
-	return []result{{round: round, phase: phaseFloor, variant: floorPgbench, clients: 0, count: finished, elapsed: elapsed}}, nil
+	return []result{{round: round, phase: phaseFloor, variant: floorPgbench, clients: 0, count: finished, elapsed: elapsed, serverCPU: serverCPU, serverCPUAll: serverCPUAll}}, nil
 }

@@ -10,7 +10,13 @@
 // the variants, so that a machine that slows down or speeds up during the
 // run moves both sides alike. It prints medians, spreads (min–max) and the
 // ratios pgonce ÷ river (each ratio the median of the rounds' own ratios),
-// and writes every measurement to a CSV file.
+// and writes every measurement to a CSV file. Beside each rate it gives
+// the WAL, the heap allocations and, when the server runs on this machine,
+// the server's CPU time per call, job or transaction.
+//
+// Each library runs on both of pgonce's drivers where that applies: pgx,
+// and database/sql through pgx's stdlib driver (river's
+// riverdatabasesql, which works jobs in poll-only mode).
 //
 // Run it with `make bench-compare` from the repository root. The settings
 // are environment variables (see [loadSettings]); PGONCE_COMPARE_QUICK=1

@@ -22,6 +22,13 @@ const (
 	drainPgonceLimited = "pgonce tuned with limits"
 	drainRiverTuned    = "river tuned"
 
+	// The tuned drains on database/sql, through pgx's stdlib driver:
+	// pgonce's outbox.New over a *sql.DB, and river's riverdatabasesql,
+	// which works jobs in poll-only mode (it has no listener without a
+	// pgx pool beside it).
+	drainPgonceTunedSQL = "pgonce tuned database/sql"
+	drainRiverTunedSQL  = "river tuned database/sql"
+
 	// The tuned drain in a fresh schema, its key table analyzed after the
 	// fill or never, with the key's hash index or with the key as primary
 	// key in its place.
@@ -30,6 +37,8 @@ const (
 	drainPgoncePkeyAnalyzed    = "pgonce primary key analyzed"
 	drainPgoncePkeyUnanalyzed  = "pgonce primary key unanalyzed"
 	drainRiverDefault          = "river defaults"
+	// The fresh, never analyzed drain, dispatched on database/sql.
+	drainPgonceFreshUnanalyzedSQL = "pgonce fresh unanalyzed database/sql"
 
 	enqueueBarePgx   = "bare pgx"
 	enqueueBareSQL   = "bare database/sql"
@@ -40,21 +49,26 @@ const (
 	enqueuePgonceEach  = "pgonce 10x SubmitTx pgx"
 	enqueuePgonceMany  = "pgonce SubmitManyTx(10) pgx"
 	enqueueRiverUnique = "river InsertTx unique"
-	endToEndPgonce     = "pgonce"
-	endToEndRiver      = "river"
-	floorPgbench       = "pgbench model"
-	unitCallsPerSecond = "calls/s"
-	unitTxPerSecond    = "tx/s"
-	unitRowsPerSecond  = "rows/s"
-	ratioPhase         = "ratio"
+	// river's unique InsertTx on database/sql, through riverdatabasesql.
+	enqueueRiverUniqueSQL = "river InsertTx unique database/sql"
+	// callsPerManyTx unique jobs in one InsertManyTx, on pgx.
+	enqueueRiverManyUnique = "river InsertManyTx unique(10)"
+	endToEndPgonce         = "pgonce"
+	endToEndRiver          = "river"
+	floorPgbench           = "pgbench model"
+	unitCallsPerSecond     = "calls/s"
+	unitTxPerSecond        = "tx/s"
+	unitRowsPerSecond      = "rows/s"
+	ratioPhase             = "ratio"
 )
 
 // allVariants are the names PGONCE_COMPARE_VARIANTS may give.
 var allVariants = []string{
 	drainPgonceTuned, drainPgonceDefault, drainPgonceLimited, drainRiverTuned, drainRiverDefault,
 	drainPgonceFreshAnalyzed, drainPgonceFreshUnanalyzed, drainPgoncePkeyAnalyzed, drainPgoncePkeyUnanalyzed,
+	drainPgonceTunedSQL, drainRiverTunedSQL, drainPgonceFreshUnanalyzedSQL,
 	enqueueBarePgx, enqueueBareSQL, enqueuePgoncePgx, enqueuePgonceSQL, enqueueRiver, enqueueRiverUnique,
-	enqueuePgonceEach, enqueuePgonceMany,
+	enqueueRiverUniqueSQL, enqueuePgonceEach, enqueuePgonceMany, enqueueRiverManyUnique,
 	endToEndPgonce, endToEndRiver, floorPgbench,
 }
 
@@ -74,6 +88,27 @@ type result struct {
 	// allocations.
 	walBytes int64
 	mallocs  uint64
+	// serverCPU is the server's CPU time during the measurement on the
+	// run's behalf, and serverCPUAll the whole server's, other clients'
+	// included (0: not measured, negative: unreadable; see
+	// [environment.readServerCPU]).
+	serverCPU, serverCPUAll time.Duration
+}
+
+// serverCPUPerCall is the server's CPU microseconds on the run's behalf
+// per call, job or transaction, or 0 when not measured.
+func (r result) serverCPUPerCall() float64 { return perCall(r.serverCPU, r.count) }
+
+// serverCPUAllPerCall is the whole server's CPU microseconds per call,
+// job, transaction or row, or 0 when not measured.
+func (r result) serverCPUAllPerCall() float64 { return perCall(r.serverCPUAll, r.count) }
+
+// perCall is d in microseconds per count, or 0 when d is not measured.
+func perCall(d time.Duration, count int) float64 {
+	if d <= 0 || count == 0 {
+		return 0
+	}
+	return float64(d.Nanoseconds()) / 1e3 / float64(count)
 }
 
 // mallocsPerCall is the heap allocations per call, job or transaction, or
@@ -98,7 +133,7 @@ func (r result) walPerCall() float64 {
 func (r result) rate() float64 { return float64(r.count) / r.elapsed.Seconds() }
 
 func (r result) String() string {
-	s := fmt.Sprintf("%-7s %-30s", r.phase, r.variant)
+	s := fmt.Sprintf("%-7s %-36s", r.phase, r.variant)
 	switch r.phase {
 	case phaseEnqueue:
 		s += fmt.Sprintf(" %2d clients", r.clients)
@@ -111,6 +146,12 @@ func (r result) String() string {
 	}
 	if m := r.mallocsPerCall(); m > 0 {
 		s += fmt.Sprintf(", %4.0f allocs each", m)
+	}
+	if c := r.serverCPUPerCall(); c > 0 {
+		s += fmt.Sprintf(", %6.1f µs server CPU each", c)
+	}
+	if c := r.serverCPUAllPerCall(); c > 0 {
+		s += fmt.Sprintf(" (whole server %.1f µs)", c)
 	}
 	if r.hasLatency {
 		s += fmt.Sprintf(", commit to call p50 %s p99 %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
@@ -147,25 +188,10 @@ type series struct {
 	walEach []float64
 	// mallocsEach is the heap allocations per call, job or transaction.
 	mallocsEach []float64
-}
-
-// ratio is one quotient across the rounds: each round's own ratio, so
-// that both sides of every quotient saw the same machine.
-type ratio struct {
-	phase, name string
-	clients     int
-	values      []float64
-	rounds      []int
-}
-
-// ratioDef defines a ratio: num's rate ÷ den's rate, or den's ÷ num's
-// (a ratio of times per transaction) when costs is set.
-type ratioDef struct {
-	name             string
-	numPhase, numVar string
-	denPhase, denVar string
-	clients          int
-	costs            bool
+	// serverCPUEach is the server's CPU microseconds on the run's behalf
+	// per call, job or transaction, and serverCPUAllEach the whole
+	// server's.
+	serverCPUEach, serverCPUAllEach []float64
 }
 
 // summary is what the run measured, aggregated.
@@ -192,68 +218,20 @@ func (rs *resultSet) summarize(s settings) summary {
 		if m := r.mallocsPerCall(); m > 0 {
 			sum.series[i].mallocsEach = append(sum.series[i].mallocsEach, m)
 		}
+		if c := r.serverCPUPerCall(); c > 0 {
+			sum.series[i].serverCPUEach = append(sum.series[i].serverCPUEach, c)
+		}
+		if c := r.serverCPUAllPerCall(); c > 0 {
+			sum.series[i].serverCPUAllEach = append(sum.series[i].serverCPUAllEach, c)
+		}
 		if r.hasLatency {
 			sum.series[i].p50s = append(sum.series[i].p50s, milliseconds(r.p50))
 			sum.series[i].p99s = append(sum.series[i].p99s, milliseconds(r.p99))
 		}
 	}
 
-	defs := []ratioDef{
-		{name: "drain tuned: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceTuned, denPhase: phaseDrain, denVar: drainRiverTuned},
-		{name: "drain defaults: pgonce ÷ river", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainRiverDefault},
-		{name: "drain: pgonce defaults ÷ pgonce tuned", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseDrain, denVar: drainPgonceTuned},
-		{name: "drain: limits set ÷ no limits, pgonce tuned", numPhase: phaseDrain, numVar: drainPgonceLimited, denPhase: phaseDrain, denVar: drainPgonceTuned},
-		{name: "drain never analyzed ÷ analyzed, hash key index", numPhase: phaseDrain, numVar: drainPgonceFreshUnanalyzed, denPhase: phaseDrain, denVar: drainPgonceFreshAnalyzed},
-		{name: "drain never analyzed ÷ analyzed, primary key", numPhase: phaseDrain, numVar: drainPgoncePkeyUnanalyzed, denPhase: phaseDrain, denVar: drainPgoncePkeyAnalyzed},
-		{name: "drain never analyzed: hash key index ÷ primary key", numPhase: phaseDrain, numVar: drainPgonceFreshUnanalyzed, denPhase: phaseDrain, denVar: drainPgoncePkeyUnanalyzed},
-	}
-	for _, clients := range s.enqueueClients {
-		defs = append(defs,
-			ratioDef{name: "enqueue: pgonce pgx ÷ river unique", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueRiverUnique, clients: clients},
-			ratioDef{name: "enqueue 10 calls a tx: SubmitManyTx ÷ 10x SubmitTx", numPhase: phaseEnqueue, numVar: enqueuePgonceMany, denPhase: phaseEnqueue, denVar: enqueuePgonceEach, clients: clients},
-			ratioDef{name: "enqueue: pgonce database/sql ÷ river unique", numPhase: phaseEnqueue, numVar: enqueuePgonceSQL, denPhase: phaseEnqueue, denVar: enqueueRiverUnique, clients: clients},
-			ratioDef{name: "enqueue: pgonce pgx ÷ river plain", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueRiver, clients: clients},
-			ratioDef{name: "tx cost: SubmitTx pgx ÷ bare pgx", numPhase: phaseEnqueue, numVar: enqueuePgoncePgx, denPhase: phaseEnqueue, denVar: enqueueBarePgx, clients: clients, costs: true},
-			ratioDef{name: "tx cost: SubmitTx database/sql ÷ bare database/sql", numPhase: phaseEnqueue, numVar: enqueuePgonceSQL, denPhase: phaseEnqueue, denVar: enqueueBareSQL, clients: clients, costs: true},
-			ratioDef{name: "tx cost: river unique ÷ bare pgx", numPhase: phaseEnqueue, numVar: enqueueRiverUnique, denPhase: phaseEnqueue, denVar: enqueueBarePgx, clients: clients, costs: true},
-		)
-	}
-	defs = append(defs,
-		ratioDef{name: "end to end: pgonce ÷ river", numPhase: phaseEndToEnd, numVar: endToEndPgonce, denPhase: phaseEndToEnd, denVar: endToEndRiver},
-		ratioDef{name: "floor: pgonce tuned drain ÷ pgbench model", numPhase: phaseDrain, numVar: drainPgonceTuned, denPhase: phaseFloor, denVar: floorPgbench},
-		ratioDef{name: "floor: pgonce defaults drain ÷ pgbench model", numPhase: phaseDrain, numVar: drainPgonceDefault, denPhase: phaseFloor, denVar: floorPgbench},
-		ratioDef{name: "floor: river tuned drain ÷ pgbench model", numPhase: phaseDrain, numVar: drainRiverTuned, denPhase: phaseFloor, denVar: floorPgbench},
-		ratioDef{name: "floor: end to end pgonce ÷ pgbench model", numPhase: phaseEndToEnd, numVar: endToEndPgonce, denPhase: phaseFloor, denVar: floorPgbench},
-	)
-	for _, def := range defs {
-		q := ratio{phase: def.numPhase, name: def.name, clients: def.clients}
-		for round := range s.rounds {
-			num, ok1 := rs.find(round, def.numPhase, def.numVar, def.clients)
-			den, ok2 := rs.find(round, def.denPhase, def.denVar, denClients(def))
-			if !ok1 || !ok2 {
-				continue
-			}
-			v := num.rate() / den.rate()
-			if def.costs {
-				v = den.rate() / num.rate()
-			}
-			q.values = append(q.values, v)
-			q.rounds = append(q.rounds, round)
-		}
-		if len(q.values) > 0 {
-			sum.ratios = append(sum.ratios, q)
-		}
-	}
+	sum.ratios = rs.ratios(s)
 	return sum
-}
-
-// denClients is the client count of a ratio's denominator: the floor and
-// the other phases have none.
-func denClients(def ratioDef) int {
-	if def.denPhase == phaseEnqueue {
-		return def.clients
-	}
-	return 0
 }
 
 func unitOf(phase string) string {
@@ -285,12 +263,17 @@ func (sum summary) text(env *environment) string {
 			label = fmt.Sprintf("%s, paced at %d/s", se.variant, se.clients)
 		}
 		lo, hi := slices.Min(se.rates), slices.Max(se.rates)
-		fmt.Fprintf(&b, "  %-44s %10.0f   (%.0f–%.0f)", label, median(se.rates), lo, hi)
+		fmt.Fprintf(&b, "  %-50s %10.0f   (%.0f–%.0f)", label, median(se.rates), lo, hi)
 		if len(se.walEach) > 0 {
 			fmt.Fprintf(&b, "   WAL %.0f B each", median(se.walEach))
 		}
 		if len(se.mallocsEach) > 0 {
 			fmt.Fprintf(&b, ", %.0f allocs each", median(se.mallocsEach))
+		}
+		if len(se.serverCPUEach) > 0 {
+			fmt.Fprintf(&b, ", server CPU %.1f µs each (%.1f–%.1f)", median(se.serverCPUEach), slices.Min(se.serverCPUEach), slices.Max(se.serverCPUEach))
+		} else if len(se.serverCPUAllEach) > 0 {
+			fmt.Fprintf(&b, ", whole server's CPU %.1f µs each (%.1f–%.1f)", median(se.serverCPUAllEach), slices.Min(se.serverCPUAllEach), slices.Max(se.serverCPUAllEach))
 		}
 		if len(se.p50s) > 0 {
 			fmt.Fprintf(&b, "   commit to call p50 %.2f ms (%.2f–%.2f), p99 %.2f ms (%.2f–%.2f)",
@@ -299,14 +282,27 @@ func (sum summary) text(env *environment) string {
 		}
 		b.WriteString("\n")
 	}
-	if len(sum.ratios) > 0 {
-		b.WriteString("\nratios (median of each round's ratio, min–max)\n")
+	for _, group := range []struct {
+		title string
+		cpu   bool
+	}{
+		{title: "ratios (median of each round's ratio, min–max)"},
+		{title: "server CPU per call, job or transaction, ratios (below 1: the first costs the server less)", cpu: true},
+	} {
+		header := false
 		for _, q := range sum.ratios {
+			if q.kind.serverCPU() != group.cpu {
+				continue
+			}
+			if !header {
+				fmt.Fprintf(&b, "\n%s\n", group.title)
+				header = true
+			}
 			label := q.name
 			if q.clients > 0 {
 				label = fmt.Sprintf("%s, %d clients", q.name, q.clients)
 			}
-			fmt.Fprintf(&b, "  %-62s %6.2f×  (%.2f–%.2f)\n", label, median(q.values), slices.Min(q.values), slices.Max(q.values))
+			fmt.Fprintf(&b, "  %-88s %6.2f×  (%.2f–%.2f)\n", label, median(q.values), slices.Min(q.values), slices.Max(q.values))
 		}
 	}
 	return b.String()
@@ -338,28 +334,34 @@ func (rs *resultSet) writeCSV(path string, sum summary) error {
 		return fmt.Errorf("write CSV: %w", err)
 	}
 	w := csv.NewWriter(file)
-	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio", "wal_bytes_each", "allocs_each"})
+	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio", "wal_bytes_each", "allocs_each", "server_cpu_us_each", "server_all_cpu_us_each"})
 	for _, r := range rs.all {
 		p50, p99 := "", ""
 		if r.hasLatency {
 			p50, p99 = formatFloat(milliseconds(r.p50), 3), formatFloat(milliseconds(r.p99), 3)
 		}
-		walEach, allocsEach := "", ""
+		walEach, allocsEach, cpuEach, cpuAllEach := "", "", "", ""
 		if w := r.walPerCall(); w > 0 {
 			walEach = formatFloat(w, 1)
 		}
 		if m := r.mallocsPerCall(); m > 0 {
 			allocsEach = formatFloat(m, 1)
 		}
+		if c := r.serverCPUPerCall(); c > 0 {
+			cpuEach = formatFloat(c, 2)
+		}
+		if c := r.serverCPUAllPerCall(); c > 0 {
+			cpuAllEach = formatFloat(c, 2)
+		}
 		_ = w.Write([]string{
 			"run", strconv.Itoa(r.round + 1), r.phase, r.variant, strconv.Itoa(r.clients), strconv.Itoa(r.count),
-			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "", walEach, allocsEach,
+			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "", walEach, allocsEach, cpuEach, cpuAllEach,
 		})
 	}
 	for _, q := range sum.ratios {
 		for i, v := range q.values {
 			_ = w.Write([]string{
-				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4), "", "",
+				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4), "", "", "", "",
 			})
 		}
 	}

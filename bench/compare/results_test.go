@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -118,4 +119,57 @@ func TestLatencyLog(t *testing.T) {
 		_, err := log.latencies()
 		require.ErrorContains(t, err, "call 1")
 	})
+}
+
+// TestServerCPURatios checks that a server CPU ratio divides the CPU per
+// call, not the rates, skips a round either side lacks the figure of, and
+// that the printout groups it apart.
+func TestServerCPURatios(t *testing.T) {
+	t.Parallel()
+
+	s := settings{rounds: 2, enqueueClients: []int{1}}
+	rs := &resultSet{}
+	rs.add(
+		// Round 0: SubmitManyTx(10) 100 tx in 1 s at 50 ms of server CPU
+		// (500 µs a tx); river 50 tx in 1 s at 40 ms (800 µs a tx).
+		result{round: 0, phase: phaseEnqueue, variant: enqueuePgonceMany, clients: 1, count: 100, elapsed: time.Second, serverCPU: 50 * time.Millisecond},
+		result{round: 0, phase: phaseEnqueue, variant: enqueueRiverManyUnique, clients: 1, count: 50, elapsed: time.Second, serverCPU: 40 * time.Millisecond},
+		// Round 1: river's CPU unreadable.
+		result{round: 1, phase: phaseEnqueue, variant: enqueuePgonceMany, clients: 1, count: 100, elapsed: time.Second, serverCPU: 50 * time.Millisecond},
+		result{round: 1, phase: phaseEnqueue, variant: enqueueRiverManyUnique, clients: 1, count: 100, elapsed: time.Second, serverCPU: -1},
+		// The floor has the whole server's figure alone: 100 µs a row
+		// against the drain's 300 µs a call (its share 200 µs).
+		result{round: 0, phase: phaseDrain, variant: drainPgonceTuned, count: 100, elapsed: time.Second, serverCPU: 20 * time.Millisecond, serverCPUAll: 30 * time.Millisecond},
+		result{round: 0, phase: phaseFloor, variant: floorPgbench, count: 100, elapsed: time.Second, serverCPU: -1, serverCPUAll: 10 * time.Millisecond},
+	)
+	sum := rs.summarize(s)
+	ratios := map[string]ratio{}
+	for _, q := range sum.ratios {
+		ratios[q.name] = q
+	}
+
+	rates := ratios["enqueue 10 calls a tx: SubmitManyTx ÷ river InsertManyTx unique"]
+	require.Equal(t, ratioRates, rates.kind)
+	require.InDeltaSlice(t, []float64{2, 1}, rates.values, 1e-9)
+
+	cpu := ratios[serverCPUPrefix+"enqueue 10 calls a tx: SubmitManyTx ÷ river InsertManyTx unique"]
+	require.Equal(t, ratioServerCPU, cpu.kind)
+	require.Equal(t, []int{0}, cpu.rounds, "round 1 has no river figure")
+	require.InDeltaSlice(t, []float64{0.625}, cpu.values, 1e-9)
+
+	floor := ratios[serverCPUPrefix+"floor: pgonce tuned drain ÷ pgbench model, whole server"]
+	require.Equal(t, ratioServerCPUAll, floor.kind)
+	require.InDeltaSlice(t, []float64{3}, floor.values, 1e-9, "the whole server's on both sides")
+
+	for _, se := range sum.series {
+		if se.variant == enqueueRiverManyUnique {
+			require.InDeltaSlice(t, []float64{800}, se.serverCPUEach, 1e-9)
+		}
+	}
+
+	text := sum.text(&environment{s: s})
+	require.Contains(t, text, "server CPU 500.0 µs each")
+	cpuAt := strings.Index(text, "\nserver CPU per call")
+	require.Positive(t, cpuAt)
+	require.Greater(t, strings.Index(text, serverCPUPrefix+"enqueue 10 calls"), cpuAt, "server CPU ratios print under their own heading")
 }
