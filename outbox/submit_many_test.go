@@ -4,8 +4,11 @@ import (
 	"database/sql"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/pgoncetest"
@@ -214,4 +217,114 @@ func testSubmitManyTx[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatePending, got.State)
 	})
+}
+
+// TestSubmitManyTxWritesWhatSubmitTxWrites submits calls of every shape
+// (tenants, business keys, metadata, schedules, each delivery mode, a key
+// retention) once through SubmitTx, one call at a time, and once through
+// SubmitManyTx, each into a schema of its own under the same clock: the
+// rows and the results are the same, over pgx and database/sql, in each of
+// pgx's query exec modes, which send the batch's arrays each their own way.
+func TestSubmitManyTxWritesWhatSubmitTxWrites(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 14, 15, 9, 26, 535000000, time.UTC)
+	registry := outbox.NewRegistry()
+	provider := &countingProvider{response: json.RawMessage(`{}`)}
+	require.NoError(t, registry.Register("refund", provider, outbox.IdempotentByKey))
+	require.NoError(t, registry.Register("lookup", &lookingUpProvider{countingProvider{}}, outbox.LookupByNaturalID))
+	require.NoError(t, registry.Register("email", provider, outbox.AtMostOnce))
+	require.NoError(t, registry.RegisterWithOpts("kept", provider, outbox.IdempotentByKey, &outbox.ToolOpts{KeyRetention: 36 * time.Hour}))
+	calls := []outbox.Call{
+		{Tenant: "acme", RunID: "run-1", Step: 1, Tool: "refund", Args: json.RawMessage(`{"amount":1}`), Metadata: map[string]string{"trace": "t-1"}},
+		{Key: "order-8842-email", Tool: "email", Args: json.RawMessage(`{"to":"a@example.com"}`), NotBefore: now.Add(time.Hour)},
+		{RunID: "run-1", Step: 2, Tool: "lookup", NaturalID: "nat-1", Args: json.RawMessage(`{"n":2}`), Delay: 90 * time.Second},
+		{RunID: "run-2", Step: 7, Tool: "kept", Args: json.RawMessage(`{"s":"é \" \\ ,{}"}`)},
+		{Tenant: "acme", Key: "order-8842-refund", Tool: "refund", Args: json.RawMessage(`[]`), Delay: time.Millisecond},
+	}
+	// rows reads schema's keys, every column, in key order.
+	rows := func(t *testing.T, schema string) []string {
+		t.Helper()
+		query, err := pgoncetest.Pool(t).Query(t.Context(), `SELECT to_jsonb(k)::text FROM "`+schema+`".pgonce_key k ORDER BY k.key`)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(query, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Len(t, got, len(calls))
+		return got
+	}
+	modes := []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+	}
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			config, err := pgxpool.ParseConfig(pgoncetest.DatabaseURL(t))
+			require.NoError(t, err)
+			config.ConnConfig.DefaultQueryExecMode = mode
+			config.MaxConns = 2
+			pool, err := pgxpool.NewWithConfig(t.Context(), config)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			db := stdlib.OpenDBFromPool(pool)
+			t.Cleanup(func() { _ = db.Close() })
+			newConfig := func(t *testing.T) outbox.Config {
+				t.Helper()
+				return outbox.Config{Schema: pgoncetest.Schema(t), Registry: registry, NowFunc: func() time.Time { return now }}
+			}
+
+			t.Run("Pgx", func(t *testing.T) {
+				oneConfig, manyConfig := newConfig(t), newConfig(t)
+				one, err := outbox.NewPgx(pool, oneConfig)
+				require.NoError(t, err)
+				many, err := outbox.NewPgx(pool, manyConfig)
+				require.NoError(t, err)
+				var want []outbox.Result
+				require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+					for _, call := range calls {
+						res, err := one.SubmitTx(t.Context(), tx, call)
+						require.NoError(t, err)
+						want = append(want, res)
+					}
+					return nil
+				}))
+				var got []outbox.SubmitManyResult
+				require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+					got, err = many.SubmitManyTx(t.Context(), tx, calls)
+					return err
+				}))
+				for i := range calls {
+					require.NoError(t, got[i].Err)
+					require.Equal(t, want[i], got[i].Result, "call %d", i)
+				}
+				require.Equal(t, rows(t, oneConfig.Schema), rows(t, manyConfig.Schema))
+			})
+
+			t.Run("DatabaseSQL", func(t *testing.T) {
+				oneConfig, manyConfig := newConfig(t), newConfig(t)
+				one, err := outbox.New(db, oneConfig)
+				require.NoError(t, err)
+				many, err := outbox.New(db, manyConfig)
+				require.NoError(t, err)
+				tx, err := db.BeginTx(t.Context(), nil)
+				require.NoError(t, err)
+				var want []outbox.Result
+				for _, call := range calls {
+					res, err := one.SubmitTx(t.Context(), tx, call)
+					require.NoError(t, err)
+					want = append(want, res)
+				}
+				require.NoError(t, tx.Commit())
+				tx, err = db.BeginTx(t.Context(), nil)
+				require.NoError(t, err)
+				got, err := many.SubmitManyTx(t.Context(), tx, calls)
+				require.NoError(t, err)
+				require.NoError(t, tx.Commit())
+				for i := range calls {
+					require.NoError(t, got[i].Err)
+					require.Equal(t, want[i], got[i].Result, "call %d", i)
+				}
+				require.Equal(t, rows(t, oneConfig.Schema), rows(t, manyConfig.Schema))
+			})
+		})
+	}
 }

@@ -540,88 +540,93 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg *KeyInsertParams) 
 }
 
 const keyInsertMany = `-- name: KeyInsertMany :many
-WITH inserted AS (
-    INSERT INTO /* TEMPLATE: schema */pgonce_key (
-        key,
-        scope,
-        tenant,
-        run_id,
-        step,
-        business_key,
-        tool,
-        natural_id,
-        fingerprint,
-        args,
-        metadata,
-        delivery,
-        key_retention_ms,
-        available_at,
-        created_at,
-        updated_at
-    )
-    SELECT
-        decode(calls.key, 'base64'),
-        decode(calls.scope, 'base64'),
-        nullif(calls.tenant, ''),
-        nullif(calls.run_id, ''),
-        calls.step,
-        nullif(calls.business_key, ''),
-        calls.tool,
-        nullif(calls.natural_id, ''),
-        decode(calls.fingerprint, 'base64'),
-        decode(calls.args, 'base64'),
-        decode(calls.metadata, 'base64'),
-        calls.delivery,
-        calls.key_retention_ms,
-        greatest(
-            coalesce($1::timestamptz, now()),
-            calls.not_before,
-            coalesce($1::timestamptz, now()) + calls.delay_ms * interval '1 millisecond'
-        ),
-        coalesce($1::timestamptz, now()),
-        coalesce($1::timestamptz, now())
-    FROM json_to_recordset(($2::text)::json) AS calls (
-        key text,
-        scope text,
-        tenant text,
-        run_id text,
-        step bigint,
-        business_key text,
-        tool text,
-        natural_id text,
-        fingerprint text,
-        args text,
-        metadata text,
-        delivery smallint,
-        key_retention_ms bigint,
-        not_before timestamptz,
-        delay_ms bigint
-    )
-    ON CONFLICT DO NOTHING
-    RETURNING
-        pgonce_key.key,
-        pgonce_key.created_at,
-        pgonce_key.available_at
-),
-notified AS (
-    SELECT pg_notify($3::text, '')
-    FROM inserted
-    WHERE $3::text <> ''
-    LIMIT 1
+INSERT INTO /* TEMPLATE: schema */pgonce_key (
+    key,
+    scope,
+    tenant,
+    run_id,
+    step,
+    business_key,
+    tool,
+    natural_id,
+    fingerprint,
+    args,
+    metadata,
+    delivery,
+    key_retention_ms,
+    available_at,
+    created_at,
+    updated_at
 )
 SELECT
-    inserted.key,
-    inserted.created_at,
-    inserted.available_at::timestamptz AS available_at,
+    calls.key,
+    calls.scope,
+    nullif(calls.tenant, ''),
+    nullif(calls.run_id, ''),
+    calls.step,
+    nullif(calls.business_key, ''),
+    calls.tool,
+    nullif(calls.natural_id, ''),
+    calls.fingerprint,
+    calls.args,
+    calls.metadata,
+    calls.delivery,
+    calls.key_retention_ms,
+    greatest(
+        coalesce($1::timestamptz, now()),
+        calls.not_before,
+        coalesce($1::timestamptz, now()) + calls.delay_ms * interval '1 millisecond'
+    ),
+    coalesce($1::timestamptz, now()),
+    coalesce($1::timestamptz, now())
+FROM (
+    SELECT
+        unnest(coalesce($2, '{}'::bytea[])) AS key,
+        unnest(coalesce($3, '{}'::bytea[])) AS scope,
+        unnest(coalesce($4, '{}'::text[])) AS tenant,
+        unnest(coalesce($5, '{}'::text[])) AS run_id,
+        unnest(coalesce($6, '{}'::bigint[])) AS step,
+        unnest(coalesce($7, '{}'::text[])) AS business_key,
+        unnest(coalesce($8, '{}'::text[])) AS tool,
+        unnest(coalesce($9, '{}'::text[])) AS natural_id,
+        unnest(coalesce($10, '{}'::bytea[])) AS fingerprint,
+        unnest(coalesce($11, '{}'::bytea[])) AS args,
+        unnest(coalesce($12, '{}'::bytea[])) AS metadata,
+        unnest(coalesce($13, '{}'::smallint[])) AS delivery,
+        unnest(coalesce($14, '{}'::bigint[])) AS key_retention_ms,
+        unnest(coalesce($15, '{}'::timestamptz[])) AS not_before,
+        unnest(coalesce($16, '{}'::bigint[])) AS delay_ms
+) AS calls
+ON CONFLICT DO NOTHING
+RETURNING
+    pgonce_key.key,
+    pgonce_key.created_at,
+    pgonce_key.available_at::timestamptz AS available_at,
     coalesce($1::timestamptz, now())::timestamptz AS now,
-    (SELECT count(*) FROM notified)::bigint AS notified
-FROM inserted
+    (CASE
+        WHEN $17::text <> '' THEN pg_notify($17::text, '') IS NOT NULL
+        ELSE false
+    END)::boolean AS notified
 `
 
 type KeyInsertManyParams struct {
-	Now     *time.Time
-	Calls   string
-	Channel string
+	Now            *time.Time
+	Keys           interface{}
+	Scopes         interface{}
+	Tenants        interface{}
+	RunIDs         interface{}
+	Steps          interface{}
+	BusinessKeys   interface{}
+	Tools          interface{}
+	NaturalIDs     interface{}
+	Fingerprints   interface{}
+	Args           interface{}
+	Metadata       interface{}
+	Deliveries     interface{}
+	KeyRetentionMs interface{}
+	NotBefore      interface{}
+	DelayMs        interface{}
+	Channel        string
 }
 
 type KeyInsertManyRow struct {
@@ -629,21 +634,44 @@ type KeyInsertManyRow struct {
 	CreatedAt   time.Time
 	AvailableAt time.Time
 	Now         time.Time
-	Notified    int64
+	Notified    bool
 }
 
 // KeyInsertMany writes the pending key claims of several calls in one
 // statement, as KeyInsert does for one: a key whose key or scope exists
 // already (a tombstone included) is skipped, and only the inserted keys are
-// returned. calls is a JSON array of objects, one per call, with the
-// columns' names; bytea values are base64 (Go's encoding of []byte). It is
-// JSON, not arrays, because the database/sql output of this file would
-// need lib/pq for arrays, and it is passed as text, which every query exec
-// mode sends as is (a []byte for json goes as bytea text in some). Rows are inserted in the array's order: callers
-// that sort their calls the same way never deadlock on each other's
-// uncommitted keys. One notification covers the whole batch.
+// returned. The calls come as one array per column, element i of each
+// being call i's, which the driver sends in binary. Each array is
+// coalesced with an empty one of its type: sqlc then leaves the parameter
+// untyped (any), and both outputs pass the Go slice to the driver as is,
+// where a cast would have sqlc's database/sql output wrap it in lib/pq's
+// pq.Array. The arrays are unnested in the select list, not in FROM: one
+// projection instead of a function scan that stores each array's rows
+// first. Rows are inserted in the arrays' order: callers that sort their
+// calls the same way never deadlock on each other's uncommitted keys.
+// Every inserted row notifies the channel, as KeyInsert does, and
+// PostgreSQL delivers a transaction's notifications of the same channel
+// and payload once: one notification covers the whole batch.
 func (q *Queries) KeyInsertMany(ctx context.Context, db DBTX, arg *KeyInsertManyParams) ([]*KeyInsertManyRow, error) {
-	rows, err := db.Query(ctx, keyInsertMany, arg.Now, arg.Calls, arg.Channel)
+	rows, err := db.Query(ctx, keyInsertMany,
+		arg.Now,
+		arg.Keys,
+		arg.Scopes,
+		arg.Tenants,
+		arg.RunIDs,
+		arg.Steps,
+		arg.BusinessKeys,
+		arg.Tools,
+		arg.NaturalIDs,
+		arg.Fingerprints,
+		arg.Args,
+		arg.Metadata,
+		arg.Deliveries,
+		arg.KeyRetentionMs,
+		arg.NotBefore,
+		arg.DelayMs,
+		arg.Channel,
+	)
 	if err != nil {
 		return nil, err
 	}

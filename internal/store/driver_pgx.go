@@ -66,11 +66,7 @@ func (e *pgxExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 }
 
 func (e *pgxExecutor) KeyInsertMany(ctx context.Context, p *InsertManyParams) ([]*InsertedKey, error) {
-	params, err := keyInsertManyParams(p)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := e.q.KeyInsertMany(ctx, e.db, params)
+	rows, err := e.q.KeyInsertMany(ctx, e.db, keyInsertManyParams(p))
 	if err != nil {
 		return nil, e.store.interpretError(ctx, err)
 	}

@@ -104,11 +104,7 @@ func (e *stdExecutor) KeyInsert(ctx context.Context, key *NewKey) (*InsertedKey,
 }
 
 func (e *stdExecutor) KeyInsertMany(ctx context.Context, p *InsertManyParams) ([]*InsertedKey, error) {
-	params, err := keyInsertManyParams(p)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := e.q.KeyInsertMany(ctx, e.db, &dbstd.KeyInsertManyParams{Now: params.Now, Calls: params.Calls, Channel: params.Channel})
+	rows, err := e.q.KeyInsertMany(ctx, e.db, (*dbstd.KeyInsertManyParams)(keyInsertManyParams(p)))
 	if err != nil {
 		return nil, e.store.interpretError(ctx, err)
 	}

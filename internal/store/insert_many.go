@@ -1,8 +1,6 @@
 package store
 
 import (
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/pgonce/pgonce/internal/dbpgx"
@@ -19,55 +17,45 @@ type InsertManyParams struct {
 	Now *time.Time
 }
 
-// newKeyJSON is one element of KeyInsertMany's calls: []byte values encode
-// as base64, which the statement decodes.
-type newKeyJSON struct {
-	Key          []byte     `json:"key"`
-	Scope        []byte     `json:"scope"`
-	Tenant       string     `json:"tenant"`
-	RunID        string     `json:"run_id"`
-	Step         int64      `json:"step"`
-	BusinessKey  string     `json:"business_key"`
-	Tool         string     `json:"tool"`
-	NaturalID    string     `json:"natural_id"`
-	Fingerprint  []byte     `json:"fingerprint"`
-	Args         []byte     `json:"args"`
-	Metadata     []byte     `json:"metadata"`
-	Delivery     *int16     `json:"delivery"`
-	KeyRetention *int64     `json:"key_retention_ms"`
-	NotBefore    *time.Time `json:"not_before"`
-	DelayMs      *int64     `json:"delay_ms"`
-}
-
-// keyInsertManyParams encodes p as KeyInsertMany's parameters, with the
-// conversions of keyInsertParams.
-func keyInsertManyParams(p *InsertManyParams) (*dbpgx.KeyInsertManyParams, error) {
-	calls := make([]newKeyJSON, len(p.Keys))
+// keyInsertManyParams encodes p as KeyInsertMany's parameters, one slice
+// per column, with the conversions of keyInsertParams. Both drivers send
+// the slices as arrays: pgx natively, database/sql through pgx's stdlib
+// driver, which takes any value pgx does.
+func keyInsertManyParams(p *InsertManyParams) *dbpgx.KeyInsertManyParams {
+	n := len(p.Keys)
+	var (
+		keys, scopes, fingerprints, args, metadata    = make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+		tenants, runIDs, businessKeys, tools, natural = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		steps                                         = make([]int64, n)
+		deliveries                                    = make([]*int16, n)
+		retentions, delays                            = make([]*int64, n), make([]*int64, n)
+		notBefore                                     = make([]*time.Time, n)
+	)
 	for i, k := range p.Keys {
 		one := keyInsertParams(k)
-		calls[i] = newKeyJSON{
-			Key:          one.Key,
-			Scope:        one.Scope,
-			Tenant:       one.Tenant,
-			RunID:        one.RunID,
-			Step:         one.Step,
-			BusinessKey:  one.BusinessKey,
-			Tool:         one.Tool,
-			NaturalID:    one.NaturalID,
-			Fingerprint:  one.Fingerprint,
-			Args:         one.Args,
-			Metadata:     one.Metadata,
-			Delivery:     one.Delivery,
-			KeyRetention: one.KeyRetentionMs,
-			NotBefore:    one.NotBefore,
-			DelayMs:      one.DelayMs,
-		}
+		keys[i], scopes[i], fingerprints[i], args[i], metadata[i] = one.Key, one.Scope, one.Fingerprint, one.Args, one.Metadata
+		tenants[i], runIDs[i], businessKeys[i], tools[i], natural[i] = one.Tenant, one.RunID, one.BusinessKey, one.Tool, one.NaturalID
+		steps[i], deliveries[i], retentions[i], delays[i], notBefore[i] = one.Step, one.Delivery, one.KeyRetentionMs, one.DelayMs, one.NotBefore
 	}
-	encoded, err := json.Marshal(calls)
-	if err != nil {
-		return nil, fmt.Errorf("encode keys: %w", err)
+	return &dbpgx.KeyInsertManyParams{
+		Now:            p.Now,
+		Keys:           keys,
+		Scopes:         scopes,
+		Tenants:        tenants,
+		RunIDs:         runIDs,
+		Steps:          steps,
+		BusinessKeys:   businessKeys,
+		Tools:          tools,
+		NaturalIDs:     natural,
+		Fingerprints:   fingerprints,
+		Args:           args,
+		Metadata:       metadata,
+		Deliveries:     deliveries,
+		KeyRetentionMs: retentions,
+		NotBefore:      notBefore,
+		DelayMs:        delays,
+		Channel:        p.Channel,
 	}
-	return &dbpgx.KeyInsertManyParams{Now: p.Now, Calls: string(encoded), Channel: p.Channel}, nil
 }
 
 func insertedKeys(rows []*dbpgx.KeyInsertManyRow) []*InsertedKey {
