@@ -306,6 +306,48 @@ func benchmarkSubmitReplay[TTx any](b *testing.B, d benchDriver[TTx]) {
 	}
 }
 
+// BenchmarkSubmitManyTx submits manyTxCalls new calls a transaction with
+// one SubmitManyTx, as bench-compare's "SubmitManyTx(10)" does: ns/op and
+// allocs/op are the transaction's, begin and commit included.
+func BenchmarkSubmitManyTx(b *testing.B) {
+	b.Run("Pgx", func(b *testing.B) { benchmarkSubmitManyTx(b, pgxBenchDriver()) })
+	b.Run("DatabaseSQL", func(b *testing.B) { benchmarkSubmitManyTx(b, stdBenchDriver()) })
+}
+
+// manyTxCalls is how many calls a transaction of BenchmarkSubmitManyTx
+// submits.
+const manyTxCalls = 10
+
+func benchmarkSubmitManyTx[TTx any](b *testing.B, d benchDriver[TTx]) {
+	ctx := b.Context()
+	client := benchClient(b, d, outbox.Config{})
+	calls := make([]outbox.Call, manyTxCalls)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		for j := range calls {
+			i++
+			calls[j] = benchCall(i)
+		}
+		tx, err := d.begin(ctx, b)
+		if err != nil {
+			b.Fatal(err)
+		}
+		results, err := client.SubmitManyTx(ctx, tx, calls)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, res := range results {
+			if res.Err != nil || !res.Result.Created {
+				b.Fatalf("not created: %v", res.Err)
+			}
+		}
+		if err := d.commit(ctx, tx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkDo runs a no-op provider inline for a fresh key each time: the
 // committed claim, the call and the recorded outcome.
 func BenchmarkDo(b *testing.B) {

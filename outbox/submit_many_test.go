@@ -219,12 +219,13 @@ func testSubmitManyTx[TTx any](t *testing.T, h driverHarness[TTx]) {
 	})
 }
 
-// TestSubmitManyTxWritesWhatSubmitTxWrites submits calls of every shape
-// (tenants, business keys, metadata, schedules, each delivery mode, a key
-// retention) once through SubmitTx, one call at a time, and once through
-// SubmitManyTx, each into a schema of its own under the same clock: the
-// rows and the results are the same, over pgx and database/sql, in each of
-// pgx's query exec modes, which send the batch's arrays each their own way.
+// TestSubmitManyTxWritesWhatSubmitTxWrites submits batches of calls of
+// every shape (tenants, business keys, metadata, schedules, each delivery
+// mode, a key retention; and a batch with none of them) once through
+// SubmitTx, one call at a time, and once through SubmitManyTx, each into a
+// schema of its own under the same clock: the rows and the results are the
+// same, over pgx and database/sql, in each of pgx's query exec modes, which
+// send the batch's arrays each their own way.
 func TestSubmitManyTxWritesWhatSubmitTxWrites(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 14, 15, 9, 26, 535000000, time.UTC)
@@ -234,12 +235,18 @@ func TestSubmitManyTxWritesWhatSubmitTxWrites(t *testing.T) {
 	require.NoError(t, registry.Register("lookup", &lookingUpProvider{countingProvider{}}, outbox.LookupByNaturalID))
 	require.NoError(t, registry.Register("email", provider, outbox.AtMostOnce))
 	require.NoError(t, registry.RegisterWithOpts("kept", provider, outbox.IdempotentByKey, &outbox.ToolOpts{KeyRetention: 36 * time.Hour}))
-	calls := []outbox.Call{
-		{Tenant: "acme", RunID: "run-1", Step: 1, Tool: "refund", Args: json.RawMessage(`{"amount":1}`), Metadata: map[string]string{"trace": "t-1"}},
-		{Key: "order-8842-email", Tool: "email", Args: json.RawMessage(`{"to":"a@example.com"}`), NotBefore: now.Add(time.Hour)},
-		{RunID: "run-1", Step: 2, Tool: "lookup", NaturalID: "nat-1", Args: json.RawMessage(`{"n":2}`), Delay: 90 * time.Second},
-		{RunID: "run-2", Step: 7, Tool: "kept", Args: json.RawMessage(`{"s":"é \" \\ ,{}"}`)},
-		{Tenant: "acme", Key: "order-8842-refund", Tool: "refund", Args: json.RawMessage(`[]`), Delay: time.Millisecond},
+	batches := [][]outbox.Call{
+		{
+			{Tenant: "acme", RunID: "run-1", Step: 1, Tool: "refund", Args: json.RawMessage(`{"amount":1}`), Metadata: map[string]string{"trace": "t-1"}},
+			{Key: "order-8842-email", Tool: "email", Args: json.RawMessage(`{"to":"a@example.com"}`), NotBefore: now.Add(time.Hour)},
+			{RunID: "run-1", Step: 2, Tool: "lookup", NaturalID: "nat-1", Args: json.RawMessage(`{"n":2}`), Delay: 90 * time.Second},
+			{RunID: "run-2", Step: 7, Tool: "kept", Args: json.RawMessage(`{"s":"é \" \\ ,{}"}`)},
+			{Tenant: "acme", Key: "order-8842-refund", Tool: "refund", Args: json.RawMessage(`[]`), Delay: time.Millisecond},
+		},
+		{
+			{RunID: "run-3", Step: 1, Tool: "refund", Args: json.RawMessage(`{"amount":3}`)},
+			{RunID: "run-3", Step: 2, Tool: "refund", Args: json.RawMessage(`{"amount":4}`)},
+		},
 	}
 	// rows reads schema's keys, every column, in key order.
 	rows := func(t *testing.T, schema string) []string {
@@ -248,8 +255,18 @@ func TestSubmitManyTxWritesWhatSubmitTxWrites(t *testing.T) {
 		require.NoError(t, err)
 		got, err := pgx.CollectRows(query, pgx.RowTo[string])
 		require.NoError(t, err)
-		require.Len(t, got, len(calls))
+		require.Len(t, got, len(batches[0])+len(batches[1]))
 		return got
+	}
+	requireSame := func(t *testing.T, want [][]outbox.Result, got [][]outbox.SubmitManyResult) {
+		t.Helper()
+		for b, batch := range batches {
+			require.Len(t, got[b], len(batch))
+			for i := range batch {
+				require.NoError(t, got[b][i].Err)
+				require.Equal(t, want[b][i], got[b][i].Result, "batch %d, call %d", b, i)
+			}
+		}
 	}
 	modes := []pgx.QueryExecMode{
 		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
@@ -278,24 +295,23 @@ func TestSubmitManyTxWritesWhatSubmitTxWrites(t *testing.T) {
 				require.NoError(t, err)
 				many, err := outbox.NewPgx(pool, manyConfig)
 				require.NoError(t, err)
-				var want []outbox.Result
-				require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-					for _, call := range calls {
-						res, err := one.SubmitTx(t.Context(), tx, call)
-						require.NoError(t, err)
-						want = append(want, res)
-					}
-					return nil
-				}))
-				var got []outbox.SubmitManyResult
-				require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-					got, err = many.SubmitManyTx(t.Context(), tx, calls)
-					return err
-				}))
-				for i := range calls {
-					require.NoError(t, got[i].Err)
-					require.Equal(t, want[i], got[i].Result, "call %d", i)
+				want := make([][]outbox.Result, len(batches))
+				got := make([][]outbox.SubmitManyResult, len(batches))
+				for b, batch := range batches {
+					require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+						for _, call := range batch {
+							res, err := one.SubmitTx(t.Context(), tx, call)
+							require.NoError(t, err)
+							want[b] = append(want[b], res)
+						}
+						return nil
+					}))
+					require.NoError(t, pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+						got[b], err = many.SubmitManyTx(t.Context(), tx, batch)
+						return err
+					}))
 				}
+				requireSame(t, want, got)
 				require.Equal(t, rows(t, oneConfig.Schema), rows(t, manyConfig.Schema))
 			})
 
@@ -305,24 +321,24 @@ func TestSubmitManyTxWritesWhatSubmitTxWrites(t *testing.T) {
 				require.NoError(t, err)
 				many, err := outbox.New(db, manyConfig)
 				require.NoError(t, err)
-				tx, err := db.BeginTx(t.Context(), nil)
-				require.NoError(t, err)
-				var want []outbox.Result
-				for _, call := range calls {
-					res, err := one.SubmitTx(t.Context(), tx, call)
+				want := make([][]outbox.Result, len(batches))
+				got := make([][]outbox.SubmitManyResult, len(batches))
+				for b, batch := range batches {
+					tx, err := db.BeginTx(t.Context(), nil)
 					require.NoError(t, err)
-					want = append(want, res)
+					for _, call := range batch {
+						res, err := one.SubmitTx(t.Context(), tx, call)
+						require.NoError(t, err)
+						want[b] = append(want[b], res)
+					}
+					require.NoError(t, tx.Commit())
+					tx, err = db.BeginTx(t.Context(), nil)
+					require.NoError(t, err)
+					got[b], err = many.SubmitManyTx(t.Context(), tx, batch)
+					require.NoError(t, err)
+					require.NoError(t, tx.Commit())
 				}
-				require.NoError(t, tx.Commit())
-				tx, err = db.BeginTx(t.Context(), nil)
-				require.NoError(t, err)
-				got, err := many.SubmitManyTx(t.Context(), tx, calls)
-				require.NoError(t, err)
-				require.NoError(t, tx.Commit())
-				for i := range calls {
-					require.NoError(t, got[i].Err)
-					require.Equal(t, want[i], got[i].Result, "call %d", i)
-				}
+				requireSame(t, want, got)
 				require.Equal(t, rows(t, oneConfig.Schema), rows(t, manyConfig.Schema))
 			})
 		})

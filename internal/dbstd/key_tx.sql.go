@@ -644,14 +644,18 @@ type KeyInsertManyRow struct {
 // statement, as KeyInsert does for one: a key whose key or scope exists
 // already (a tombstone included) is skipped, and only the inserted keys are
 // returned. The calls come as one array per column, element i of each
-// being call i's, which the driver sends in binary. Each array is
-// coalesced with an empty one of its type: sqlc then leaves the parameter
-// untyped (any), and both outputs pass the Go slice to the driver as is,
-// where a cast would have sqlc's database/sql output wrap it in lib/pq's
-// pq.Array. The arrays are unnested in the select list, not in FROM: one
-// projection instead of a function scan that stores each array's rows
-// first. Rows are inserted in the arrays' order: callers that sort their
-// calls the same way never deadlock on each other's uncommitted keys.
+// being call i's, which the driver sends in binary. The arrays are
+// unnested in the select list, not in FROM: one projection instead of a
+// function scan that stores each array's rows first. Set-returning
+// functions in a select list run in lockstep, the shorter ones padded with
+// NULLs, so an optional column that no call sets is sent as a NULL array,
+// which each is coalesced to an empty one of its type: NULL for every
+// call, with no array to encode or decode. The coalesce also leaves the
+// parameter untyped (any) for sqlc, and both outputs pass the Go slice to
+// the driver as is, where a cast would have sqlc's database/sql output
+// wrap it in lib/pq's pq.Array. Rows are inserted in the arrays' order:
+// callers that sort their calls the same way never deadlock on each
+// other's uncommitted keys.
 // Every inserted row notifies the channel, as KeyInsert does, and
 // PostgreSQL delivers a transaction's notifications of the same channel
 // and payload once: one notification covers the whole batch.

@@ -20,22 +20,34 @@ type InsertManyParams struct {
 // keyInsertManyParams encodes p as KeyInsertMany's parameters, one slice
 // per column, with the conversions of keyInsertParams. Both drivers send
 // the slices as arrays: pgx natively, database/sql through pgx's stdlib
-// driver, which takes any value pgx does.
+// driver, which takes any value pgx does. An optional column that no key
+// sets (no tenant, no schedule, ...: most batches) stays a nil slice, sent
+// as NULL, which the statement reads as NULL for every key, so that
+// neither side encodes or decodes an array of nothing.
 func keyInsertManyParams(p *InsertManyParams) *dbpgx.KeyInsertManyParams {
 	n := len(p.Keys)
 	var (
-		keys, scopes, fingerprints, args, metadata    = make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
-		tenants, runIDs, businessKeys, tools, natural = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		steps                                         = make([]int64, n)
-		deliveries                                    = make([]*int16, n)
-		retentions, delays                            = make([]*int64, n), make([]*int64, n)
-		notBefore                                     = make([]*time.Time, n)
+		keys, scopes, args                = make([][]byte, n), make([][]byte, n), make([][]byte, n)
+		runIDs, tools                     = make([]string, n), make([]string, n)
+		steps                             = make([]int64, n)
+		fingerprints, metadata            [][]byte
+		tenants, businessKeys, naturalIDs []string
+		deliveries                        []*int16
+		retentions, delays                []*int64
+		notBefore                         []*time.Time
 	)
 	for i, k := range p.Keys {
 		one := keyInsertParams(k)
-		keys[i], scopes[i], fingerprints[i], args[i], metadata[i] = one.Key, one.Scope, one.Fingerprint, one.Args, one.Metadata
-		tenants[i], runIDs[i], businessKeys[i], tools[i], natural[i] = one.Tenant, one.RunID, one.BusinessKey, one.Tool, one.NaturalID
-		steps[i], deliveries[i], retentions[i], delays[i], notBefore[i] = one.Step, one.Delivery, one.KeyRetentionMs, one.DelayMs, one.NotBefore
+		keys[i], scopes[i], args[i], runIDs[i], tools[i], steps[i] = one.Key, one.Scope, one.Args, one.RunID, one.Tool, one.Step
+		fingerprints = sparse(fingerprints, n, i, one.Fingerprint, one.Fingerprint == nil)
+		metadata = sparse(metadata, n, i, one.Metadata, one.Metadata == nil)
+		tenants = sparse(tenants, n, i, one.Tenant, one.Tenant == "")
+		businessKeys = sparse(businessKeys, n, i, one.BusinessKey, one.BusinessKey == "")
+		naturalIDs = sparse(naturalIDs, n, i, one.NaturalID, one.NaturalID == "")
+		deliveries = sparse(deliveries, n, i, one.Delivery, one.Delivery == nil)
+		retentions = sparse(retentions, n, i, one.KeyRetentionMs, one.KeyRetentionMs == nil)
+		delays = sparse(delays, n, i, one.DelayMs, one.DelayMs == nil)
+		notBefore = sparse(notBefore, n, i, one.NotBefore, one.NotBefore == nil)
 	}
 	return &dbpgx.KeyInsertManyParams{
 		Now:            p.Now,
@@ -46,7 +58,7 @@ func keyInsertManyParams(p *InsertManyParams) *dbpgx.KeyInsertManyParams {
 		Steps:          steps,
 		BusinessKeys:   businessKeys,
 		Tools:          tools,
-		NaturalIDs:     natural,
+		NaturalIDs:     naturalIDs,
 		Fingerprints:   fingerprints,
 		Args:           args,
 		Metadata:       metadata,
@@ -56,6 +68,20 @@ func keyInsertManyParams(p *InsertManyParams) *dbpgx.KeyInsertManyParams {
 		DelayMs:        delays,
 		Channel:        p.Channel,
 	}
+}
+
+// sparse sets element i of column, which has n elements once made, to
+// value, unless value is the column's NULL (or, for text, empty) value:
+// column is made at its first other value, and stays nil without one.
+func sparse[T any](column []T, n, i int, value T, null bool) []T {
+	if null {
+		return column
+	}
+	if column == nil {
+		column = make([]T, n)
+	}
+	column[i] = value
+	return column
 }
 
 func insertedKeys(rows []*dbpgx.KeyInsertManyRow) []*InsertedKey {
