@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/reconciler"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -35,8 +33,8 @@ type Dispatcher[TTx any] struct {
 	// reconciler runs maintenance while this dispatcher is elected; nil
 	// with [Config.MaintenanceDisabled].
 	reconciler *reconciler.Engine
-	// controls knows which tools have flow control.
-	controls *controls
+	// claimer claims due keys; it knows which tools have flow control.
+	claimer *attempt.Claimer
 
 	running sync.Mutex
 }
@@ -69,6 +67,7 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 			return nil, fmt.Errorf("%w: Reconcile: %w", ErrInvalidConfig, err)
 		}
 	}
+	workerID := ident.WorkerID(clientConfig.WorkerID)
 	return &Dispatcher[TTx]{
 		client:     client,
 		attempts:   attempts,
@@ -76,9 +75,14 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		registry:   clientConfig.Registry,
 		config:     config,
 		logger:     config.Logger,
-		workerID:   ident.WorkerID(clientConfig.WorkerID),
+		workerID:   workerID,
 		reconciler: engine,
-		controls:   newControls(config.MaintenanceInterval),
+		claimer: attempts.NewClaimer(attempt.ClaimerConfig{
+			Worker:      workerID,
+			MaxAttempts: config.MaxAttempts,
+			ReadEvery:   config.MaintenanceInterval,
+			Observer:    attempts.Observer(),
+		}),
 	}, nil
 }
 
@@ -237,7 +241,14 @@ func (d *Dispatcher[TTx]) claimUntilDone(ctx context.Context, r *run) {
 // returns how many it claimed and how long the loop may sleep before the
 // next claim.
 func (d *Dispatcher[TTx]) claimAndStart(ctx context.Context, r *run, limit, claimAt int) (claimed int, wait time.Duration) {
-	attempts, controlWait, err := d.claim(ctx, limit, claimAt)
+	// The claim is the one oncetest's Drain makes too (see
+	// [attempt.Claimer]): flow control, replicated claims and all.
+	attempts, controlWait, err := d.claimer.Claim(ctx, &attempt.ClaimParams{
+		Tools:   d.registry.Dispatched(),
+		Limit:   limit,
+		ClaimAt: claimAt,
+		Poll:    d.config.PollInterval,
+	})
 	wait = min(d.config.PollInterval, controlWait)
 	if err == nil {
 		r.claimRetry = claimRetryMin
@@ -297,128 +308,14 @@ func (d *Dispatcher[TTx]) finishCalls(r *run) {
 	}
 }
 
-// claim claims up to limit keys: those of tools with flow control through
-// the controlled claim, the others' through the plain one. wait is how soon
-// a controlled tool may have budget again (PollInterval when nothing is
-// known sooner).
-func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attempts []attempt.Attempt, wait time.Duration, err error) {
-	wait = d.config.PollInterval
-	tools := d.registry.Dispatched()
-	if len(tools) == 0 {
-		return nil, wait, nil
-	}
-	// A claim that hangs (a connection whose server vanished) would stop the
-	// dispatcher: its deadline drops the connection, and the next claim
-	// takes another.
-	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
-	defer cancel()
-	claimedAt := time.Now()
-	var replicated []string
-	for _, name := range tools {
-		if tool := d.registry.Lookup(name); tool != nil && tool.Opts.ReplicatedClaim {
-			replicated = append(replicated, name)
-		}
-	}
-	controlled, plain, released, err := d.controls.split(ctx, d.store, tools, claimedAt)
-	if err != nil {
-		return nil, wait, fmt.Errorf("read tool flow control: %w", err)
-	}
-	if !released.IsZero() {
-		wait = min(wait, max(released.Sub(claimedAt), time.Millisecond))
-	}
-	if len(controlled) == 0 && len(plain) == 0 {
-		return nil, wait, nil // every tool is held: nothing to claim yet
-	}
-	var (
-		rows []*store.ClaimedKey
-		held []observe.Held
-	)
-	if len(controlled) > 0 {
-		var budgets []store.ToolBudget
-		rows, budgets, err = d.store.ClaimControlled(ctx, &store.ClaimBatchParams{
-			Tools:           controlled,
-			ReplicatedTools: replicated,
-			Max:             limit,
-			Lease:           d.client.Config().Lease,
-			Worker:          d.workerID,
-			Now:             d.now(),
-		})
-		if err != nil {
-			return nil, wait, fmt.Errorf("claim controlled outbox batch: %w", err)
-		}
-		// A controlled tool without a budget has no control row any more:
-		// its keys are the plain claim's, from this claim on.
-		if len(budgets) < len(controlled) {
-			rowless := slices.DeleteFunc(slices.Clone(controlled), func(tool string) bool {
-				return slices.ContainsFunc(budgets, func(b store.ToolBudget) bool { return b.Tool == tool })
-			})
-			d.controls.forget(rowless)
-			plain = append(plain, rowless...)
-		}
-		perTool := make(map[string]int, len(controlled))
-		for _, row := range rows {
-			perTool[row.Tool]++
-		}
-		var holds map[string]time.Duration
-		wait, holds = controlWait(budgets, perTool, claimAt, wait)
-		for tool, after := range holds {
-			d.controls.hold(tool, time.Now().Add(after))
-		}
-		held = heldTools(budgets, perTool, limit)
-		limit -= len(rows)
-	}
-	if len(plain) > 0 && limit > 0 {
-		var more []*store.ClaimedKey
-		more, err = d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
-			Tools:           plain,
-			ReplicatedTools: replicated,
-			Max:             limit,
-			Lease:           d.client.Config().Lease,
-			Worker:          d.workerID,
-			Now:             d.now(),
-		})
-		rows = append(rows, more...)
-	}
-	if obs := d.attempts.Observer(); obs != nil {
-		observeClaim(ctx, obs, claimedAt, limit, rows, held, err)
-	}
-	if err != nil {
-		return d.attemptsOf(rows, claimedAt), wait, fmt.Errorf("claim outbox batch: %w", err)
-	}
-	return d.attemptsOf(rows, claimedAt), wait, nil
-}
-
 // now is the client's clock as a statement parameter: nil, the database's
-// clock, unless the client's Config.NowFunc is set. Claims then lease by
-// it, as the client's submits and the reconciler's passes do, so that a
-// moved clock moves every window alike.
+// clock, unless the client's Config.NowFunc is set.
 func (d *Dispatcher[TTx]) now() *time.Time {
 	if d.client.Config().NowFunc == nil {
 		return nil
 	}
 	now := d.client.Now()
 	return &now
-}
-
-// attemptsOf returns the attempts of claimed rows.
-func (d *Dispatcher[TTx]) attemptsOf(rows []*store.ClaimedKey, claimedAt time.Time) []attempt.Attempt {
-	attempts := make([]attempt.Attempt, 0, len(rows))
-	for _, row := range rows {
-		attempts = append(attempts, d.attempts.Claimed(row, claimedAt, d.config.MaxAttempts))
-	}
-	return attempts
-}
-
-// observeClaim tells obs of a claim sent at began.
-func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, limit int, rows []*store.ClaimedKey, held []observe.Held, err error) {
-	claim := &observe.Claim{Began: began, Ended: time.Now(), Limit: limit, Err: err, Keys: make([]observe.Key, len(rows)), Held: held}
-	for i, row := range rows {
-		claim.Keys[i] = observe.Key{
-			Key: row.Key, Tool: row.Tool, Attempt: row.Attempt, Metadata: row.Metadata,
-			Waited: row.Now.Sub(row.AvailableAt),
-		}
-	}
-	obs.Claimed(ctx, claim)
 }
 
 // backoff returns the delay before the retry after attempt: doubling from
@@ -490,12 +387,12 @@ func (d *Dispatcher[TTx]) startListener(ctx context.Context, background *sync.Wa
 func (d *Dispatcher[TTx]) listen(ctx context.Context, onNotify func()) {
 	d.store.ListenLoop(ctx, []string{d.store.WorkChannel}, d.client.Config().StatementTimeout,
 		func() {
-			d.controls.invalidate()
+			d.claimer.Invalidate()
 			onNotify()
 		},
 		func(n *pgconn.Notification) {
 			if isToolNotification(n.Payload) {
-				d.controls.invalidate()
+				d.claimer.Invalidate()
 			}
 			onNotify()
 		},
