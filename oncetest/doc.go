@@ -38,9 +38,11 @@
 // [Drain] claims and runs every due call of the client's registered tools,
 // one at a time, in the calling goroutine, until none is due, and records
 // each outcome exactly as a dispatcher would: stored responses, permanent
-// failures, retries with backoff, review after an uncertain attempt. A
-// retried call is due again only after its backoff, so Drain leaves it
-// pending; advance a [Clock] past the backoff and drain again.
+// failures, retries with backoff, review after an uncertain attempt. It
+// claims as a dispatcher does, through the same code, so it honours a
+// tool's pause, limits and slow-down. A retried call is due again only
+// after its backoff, so Drain leaves it pending; advance a [Clock] past the
+// backoff and drain again.
 //
 // # Recording calls
 //
