@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/pgonce/pgonce/internal/attempt"
-	"github.com/pgonce/pgonce/internal/store"
 )
 
 // toolNotificationPrefix starts the payload of a work notification that a
@@ -25,23 +24,12 @@ func isToolNotification(payload string) bool {
 // usual) or when the throttle statement failed (out is then recorded as
 // an ordinary retry, after its delay).
 func (d *Dispatcher[TTx]) throttle(ctx context.Context, out *attempt.Outcome) bool {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.client.Config().StatementTimeout)
-	defer cancel()
-	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown, Now: d.now()}
-	if !d.client.Config().NotifyDisabled {
-		p.Channel = d.store.WorkChannel
-	}
-	if out.Kind == attempt.Retry {
-		p.Key, p.Attempt, p.Ambiguous = out.Key, out.Attempt, out.Ambiguous
-		p.LastError = attempt.SanitizeText("slowed down: " + out.Err.Error())
-	}
-	res, err := d.store.Throttle(ctx, p)
+	res, err := d.claimer.Throttle(ctx, out)
 	if err != nil {
 		d.logger.ErrorContext(ctx, "pgonce: slowing the tool down failed; the key is retried after its delay",
 			"tool", out.Tool, "key", out.Key, "error", err)
 		return false
 	}
-	d.claimer.Controlled(out.Tool)
 	d.logger.InfoContext(ctx, "pgonce: the provider asked to slow down; no call of the tool until not_before",
 		"tool", out.Tool, "key", out.Key, "not_before", res.NotBefore, "delay", out.SlowDown)
 	return out.Kind == attempt.Retry && res.Released

@@ -63,11 +63,13 @@ func (r DrainResult) Attempts() int { return len(r.Keys) }
 //
 // Drain honours each tool's flow control as a dispatcher does (see
 // [outbox.Client.Pause] and [outbox.Client.SetToolLimits]): a paused tool's
-// keys stay pending, a tool a dispatcher slowed down is not called before
-// its slow-down ends, and a tool with a limit on calls in flight or a rate
-// is claimed within that budget, so that a rate with burst N at a [Clock]
+// keys stay pending; a tool with a limit on calls in flight or a rate is
+// claimed within that budget, so that a rate with burst N at a [Clock]
 // that stands still lets one Drain make N calls of the tool and leaves the
-// rest pending. Flow control is read again at every claim, so a pause or limit
+// rest pending; and a tool slowed down is not claimed before its slow-down
+// ends. A provider that answers [outbox.SlowDown] under Drain slows its
+// tool down, and its key goes back to pending without spending its
+// attempt. Flow control is read again at every claim, so a pause or limit
 // that a provider sets within the Drain counts from the next claim on.
 // Claims of [outbox.ToolOpts.ReplicatedClaim] tools commit as a
 // dispatcher's do, once the synchronous standbys applied them.
@@ -132,8 +134,8 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 				return result, fmt.Errorf("%w: %d attempts", ErrDrainLimit, o.MaxCalls)
 			}
 			out := runner.Run(ctx, a, o.BackoffFunc)
-			if _, err := runner.Record(ctx, []attempt.Outcome{out}); err != nil {
-				return result, fmt.Errorf("record outcome of %s: %w", a.Request.Key, err)
+			if err := record(ctx, runner, claimer, &out); err != nil {
+				return result, err
 			}
 			result.Keys = append(result.Keys, outbox.Key(a.Request.Key))
 			switch out.Kind {
@@ -180,6 +182,23 @@ func backoffDefault(attempt int) time.Duration {
 		delay *= 2
 	}
 	return min(delay, dispatcher.BackoffMaxDefault)
+}
+
+// record records out, and first applies a provider's slow down of it as a
+// dispatcher does: the tool is slowed down, and a retried key goes back to
+// pending without spending its attempt.
+func record(ctx context.Context, runner *attempt.Runner, claimer *attempt.Claimer, out *attempt.Outcome) error {
+	if out.SlowDown > 0 {
+		// When the slow down cannot be written, the outcome is recorded
+		// as an ordinary retry, after its delay, as a dispatcher's is.
+		if res, err := claimer.Throttle(ctx, out); err == nil && out.Kind == attempt.Retry && res.Released {
+			return nil
+		}
+	}
+	if _, err := runner.Record(ctx, []attempt.Outcome{*out}); err != nil {
+		return fmt.Errorf("record outcome of %s: %w", out.Key, err)
+	}
+	return nil
 }
 
 // release puts claimed keys that Drain will not run back to pending, due

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -182,5 +183,53 @@ func testDrainFlowControl[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 		defer mu.Unlock()
 		require.Positive(t, maxInFlight)
 		require.LessOrEqual(t, maxInFlight, int64(2))
+	})
+	t.Run("SlowsTheToolDownWhenItsProviderAsks", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t)
+		// One refund in flight at a time, so that the Drain claims the
+		// refunds after the first one's slow down.
+		_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: 1},
+			outbox.LimitParams{By: "alice", Reason: "provider limit"})
+		require.NoError(t, err)
+		var (
+			mu     sync.Mutex
+			slowed bool
+		)
+		bundle.refunds.RespondFunc = func(context.Context, outbox.Request) (json.RawMessage, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !slowed {
+				slowed = true
+				return nil, outbox.SlowDown(errors.New("429 Too Many Requests"), 10*time.Second)
+			}
+			return json.RawMessage(oncetest.RecorderResponseDefault), nil
+		}
+		keys := d.SubmitKeys(t, bundle.client, refunds(3))
+		mailKey := d.SubmitKeys(t, bundle.client, []outbox.Call{mail})[0]
+
+		// MaxAttempts 1: an attempt spent by the slow down would fail the key.
+		opts := &oncetest.DrainOpts{MaxAttempts: 1}
+		res, err := oncetest.Drain(t.Context(), bundle.client, opts)
+		require.NoError(t, err)
+		require.Len(t, bundle.refunds.Calls(), 1, "no refund is called while the tool is slowed down")
+		require.Equal(t, 1, res.Retried)
+		require.Equal(t, 1, res.Succeeded)
+		require.Contains(t, res.Keys, mailKey)
+		requireStates(t, bundle.client, keys, outbox.StatePending)
+		status, err := bundle.client.Tool(t.Context(), "refund")
+		require.NoError(t, err)
+		require.True(t, status.SlowedDown(bundle.clock.Now()))
+
+		bundle.clock.Advance(10*time.Second + time.Millisecond)
+		res, err = oncetest.Drain(t.Context(), bundle.client, opts)
+		require.NoError(t, err)
+		require.Equal(t, 3, res.Succeeded)
+		requireStates(t, bundle.client, keys, outbox.StateSucceeded)
+		for _, key := range keys {
+			got, err := bundle.client.Get(t.Context(), key)
+			require.NoError(t, err)
+			require.Equal(t, 1, got.Attempts, "the slow down spent no attempt of key %s", key)
+		}
 	})
 }

@@ -178,3 +178,29 @@ func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, li
 	}
 	obs.Claimed(ctx, claim)
 }
+
+// Throttle applies a provider's slow down of out (out.SlowDown > 0), for
+// the claimer that claimed its attempt: out's tool is slowed down for
+// every claimer of the schema until out.SlowDown from now (by the client's
+// clock), and this claimer counts it as controlled at once. A Retry
+// outcome's key goes back to pending without spending its attempt:
+// res.Released then says that it needs no recording. Other kinds are
+// recorded as usual, and so is out when Throttle fails.
+func (c *Claimer) Throttle(ctx context.Context, out *Outcome) (res *store.ThrottleResult, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.runner.config.StatementTimeout)
+	defer cancel()
+	s := c.runner.Store()
+	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown, Now: c.runner.nowParam()}
+	if !c.runner.config.NotifyDisabled {
+		p.Channel = s.WorkChannel
+	}
+	if out.Kind == Retry {
+		p.Key, p.Attempt, p.Ambiguous = out.Key, out.Attempt, out.Ambiguous
+		p.LastError = SanitizeText("slowed down: " + out.Err.Error())
+	}
+	if res, err = s.Throttle(ctx, p); err != nil {
+		return nil, err
+	}
+	c.controls.add(out.Tool)
+	return res, nil
+}
