@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	mathrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -115,6 +116,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	r := &run{
 		wake:       make(chan struct{}, 1),
 		slots:      make(chan struct{}, d.config.Concurrency),
+		work:       make(chan attempt.Attempt),
 		outcomes:   make(chan pendingOutcome, d.config.Concurrency),
 		claimRetry: claimRetryMin,
 	}
@@ -135,7 +137,9 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	}()
 
 	d.claimUntilDone(ctx, r)
+	close(r.work)
 	d.finishCalls(r)
+	r.workers.Wait()
 	close(r.outcomes)
 	<-recorded
 	return nil
@@ -148,8 +152,19 @@ type run struct {
 	wake chan struct{}
 	// slots holds one token per provider call running or awaiting its
 	// record; its capacity is Concurrency.
-	slots   chan struct{}
+	slots chan struct{}
+	// calls counts the provider calls running or awaiting their record.
+	calls sync.WaitGroup
+	// work hands a claimed attempt to an idle worker. Workers outlive
+	// their calls, so that a call runs on a goroutine whose stack has
+	// grown already instead of growing a new one's (a tenth of the
+	// dispatcher's own CPU time when every call had a goroutine of its
+	// own); there are never more of them than Concurrency. The claim loop
+	// closes it when it stops.
+	work    chan attempt.Attempt
 	workers sync.WaitGroup
+	// idle counts the workers waiting on work that no claim reserved.
+	idle atomic.Int64
 	// outcomes carries finished calls to the recorder.
 	outcomes chan pendingOutcome
 	// callCtx is the provider calls' context: it outlives Run's ctx until
@@ -261,18 +276,81 @@ func (d *Dispatcher[TTx]) claimAndStart(ctx context.Context, r *run, limit, clai
 	}
 	for _, a := range attempts {
 		r.slots <- struct{}{}
-		r.workers.Add(1)
-		go d.call(r, a)
+		r.calls.Add(1)
+		if r.takeIdle() {
+			r.work <- a
+		} else {
+			r.workers.Go(func() { d.work(r, a) })
+		}
 	}
 	return len(attempts), wait
 }
 
+// takeIdle takes one worker off the idle count, and reports whether there
+// was one. The count is of the workers waiting on r.work less the calls
+// being sent to them: a claim takes one to send a call, which one of them
+// receives, and a worker whose wait timed out takes one to end.
+func (r *run) takeIdle() bool {
+	for {
+		n := r.idle.Load()
+		if n == 0 {
+			return false
+		}
+		if r.idle.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// workerIdleTimeout is how long a worker waits for its next call before it
+// ends: a dispatcher that ran many calls at once gives back their
+// goroutines' memory once the load falls.
+const workerIdleTimeout = 10 * time.Second
+
+// work runs the call of a and then the calls handed to it on r.work, until
+// that closes or no call comes for workerIdleTimeout.
+//
+// A worker counts itself idle before it frees its call's slot, so that the
+// claim that takes the slot finds it: there are never more workers than
+// Concurrency.
+func (d *Dispatcher[TTx]) work(r *run, a attempt.Attempt) {
+	idle := time.NewTimer(workerIdleTimeout)
+	defer idle.Stop()
+	for {
+		d.call(r, a)
+		r.idle.Add(1)
+		<-r.slots
+		r.signal()
+		var ok bool
+		if a, ok = r.awaitWork(idle); !ok {
+			return
+		}
+	}
+}
+
+// awaitWork waits, as one of the idle workers, for the next call on r.work,
+// and reports false when r.work closed or the worker may end: no call came
+// for workerIdleTimeout and an idle worker is left to end. When every idle
+// worker was taken by a claim that is sending it a call, it waits on.
+func (r *run) awaitWork(idle *time.Timer) (attempt.Attempt, bool) {
+	for {
+		idle.Reset(workerIdleTimeout)
+		select {
+		case a, ok := <-r.work:
+			return a, ok
+		case <-idle.C:
+			if r.takeIdle() {
+				return attempt.Attempt{}, false
+			}
+		}
+	}
+}
+
 // call runs the provider for a claimed attempt and hands its outcome to
-// the recorder. It holds a slot from the claim until the outcome is
-// recorded.
+// the recorder. The slot its claim took is freed by its worker once it
+// returns, after the outcome is recorded.
 func (d *Dispatcher[TTx]) call(r *run, a attempt.Attempt) {
-	defer r.workers.Done()
-	defer func() { <-r.slots; r.signal() }()
+	defer r.calls.Done()
 	out := d.attempts.Run(r.callCtx, a, d.backoff)
 	if r.callCtx.Err() != nil {
 		// Cut off by the shutdown timeout: whether the provider acted is
@@ -295,7 +373,7 @@ func (d *Dispatcher[TTx]) call(r *run, a attempt.Attempt) {
 func (d *Dispatcher[TTx]) finishCalls(r *run) {
 	finished := make(chan struct{})
 	go func() {
-		r.workers.Wait()
+		r.calls.Wait()
 		close(finished)
 	}()
 	select {
