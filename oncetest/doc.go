@@ -58,6 +58,8 @@
 // timestamp pgonce writes or compares through that client (submits,
 // claims of Drain, leases, backoffs, retention and pruning) follows the
 // clock instead of the database's, so a test can move 31 days forward and
-// watch a key become a tombstone. Dispatchers and reconcilers claim by the
-// database's clock: drive a test that moves the clock with Drain.
+// watch a key become a tombstone. Dispatchers and reconcilers over that
+// client claim and lease by the clock too, but they wait in real time (a
+// poll, a notification) to claim what a moved clock made due: drive a test
+// that moves the clock with Drain, which claims at once.
 package oncetest
