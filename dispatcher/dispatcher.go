@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/observe"
 	"github.com/pgonce/pgonce/internal/reconciler"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
@@ -35,8 +34,8 @@ type Dispatcher[TTx any] struct {
 	// reconciler runs maintenance while this dispatcher is elected; nil
 	// with [Config.MaintenanceDisabled].
 	reconciler *reconciler.Engine
-	// controls knows which tools have flow control.
-	controls *controls
+	// claimer claims due keys; it knows which tools have flow control.
+	claimer *attempt.Claimer
 
 	running sync.Mutex
 }
@@ -69,6 +68,7 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 			return nil, fmt.Errorf("%w: Reconcile: %w", ErrInvalidConfig, err)
 		}
 	}
+	workerID := ident.WorkerID(clientConfig.WorkerID)
 	return &Dispatcher[TTx]{
 		client:     client,
 		attempts:   attempts,
@@ -76,9 +76,14 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		registry:   clientConfig.Registry,
 		config:     config,
 		logger:     config.Logger,
-		workerID:   ident.WorkerID(clientConfig.WorkerID),
+		workerID:   workerID,
 		reconciler: engine,
-		controls:   newControls(config.MaintenanceInterval),
+		claimer: attempts.NewClaimer(attempt.ClaimerConfig{
+			Worker:      workerID,
+			MaxAttempts: config.MaxAttempts,
+			ReadEvery:   config.MaintenanceInterval,
+			Observer:    attempts.Observer(),
+		}),
 	}, nil
 }
 
@@ -111,6 +116,7 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	r := &run{
 		wake:       make(chan struct{}, 1),
 		slots:      make(chan struct{}, d.config.Concurrency),
+		work:       make(chan attempt.Attempt),
 		outcomes:   make(chan pendingOutcome, d.config.Concurrency),
 		claimRetry: claimRetryMin,
 	}
@@ -131,7 +137,9 @@ func (d *Dispatcher[TTx]) Run(ctx context.Context) error {
 	}()
 
 	d.claimUntilDone(ctx, r)
+	close(r.work)
 	d.finishCalls(r)
+	r.workers.Wait()
 	close(r.outcomes)
 	<-recorded
 	return nil
@@ -144,8 +152,19 @@ type run struct {
 	wake chan struct{}
 	// slots holds one token per provider call running or awaiting its
 	// record; its capacity is Concurrency.
-	slots   chan struct{}
+	slots chan struct{}
+	// calls counts the provider calls running or awaiting their record.
+	calls sync.WaitGroup
+	// work hands a claimed attempt to an idle worker. Workers outlive
+	// their calls, so that a call runs on a goroutine whose stack has
+	// grown already instead of growing a new one's (a tenth of the
+	// dispatcher's own CPU time when every call had a goroutine of its
+	// own); there are never more of them than Concurrency. The claim loop
+	// closes it when it stops.
+	work    chan attempt.Attempt
 	workers sync.WaitGroup
+	// idle counts the workers waiting on work that no claim reserved.
+	idle atomic.Int64
 	// outcomes carries finished calls to the recorder.
 	outcomes chan pendingOutcome
 	// callCtx is the provider calls' context: it outlives Run's ctx until
@@ -237,7 +256,14 @@ func (d *Dispatcher[TTx]) claimUntilDone(ctx context.Context, r *run) {
 // returns how many it claimed and how long the loop may sleep before the
 // next claim.
 func (d *Dispatcher[TTx]) claimAndStart(ctx context.Context, r *run, limit, claimAt int) (claimed int, wait time.Duration) {
-	attempts, controlWait, err := d.claim(ctx, limit, claimAt)
+	// The claim is the one oncetest's Drain makes too (see
+	// [attempt.Claimer]): flow control, replicated claims and all.
+	attempts, controlWait, err := d.claimer.Claim(ctx, &attempt.ClaimParams{
+		Tools:   d.registry.Dispatched(),
+		Limit:   limit,
+		ClaimAt: claimAt,
+		Poll:    d.config.PollInterval,
+	})
 	wait = min(d.config.PollInterval, controlWait)
 	if err == nil {
 		r.claimRetry = claimRetryMin
@@ -250,18 +276,81 @@ func (d *Dispatcher[TTx]) claimAndStart(ctx context.Context, r *run, limit, clai
 	}
 	for _, a := range attempts {
 		r.slots <- struct{}{}
-		r.workers.Add(1)
-		go d.call(r, a)
+		r.calls.Add(1)
+		if r.takeIdle() {
+			r.work <- a
+		} else {
+			r.workers.Go(func() { d.work(r, a) })
+		}
 	}
 	return len(attempts), wait
 }
 
+// takeIdle takes one worker off the idle count, and reports whether there
+// was one. The count is of the workers waiting on r.work less the calls
+// being sent to them: a claim takes one to send a call, which one of them
+// receives, and a worker whose wait timed out takes one to end.
+func (r *run) takeIdle() bool {
+	for {
+		n := r.idle.Load()
+		if n == 0 {
+			return false
+		}
+		if r.idle.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// workerIdleTimeout is how long a worker waits for its next call before it
+// ends: a dispatcher that ran many calls at once gives back their
+// goroutines' memory once the load falls.
+const workerIdleTimeout = 10 * time.Second
+
+// work runs the call of a and then the calls handed to it on r.work, until
+// that closes or no call comes for workerIdleTimeout.
+//
+// A worker counts itself idle before it frees its call's slot, so that the
+// claim that takes the slot finds it: there are never more workers than
+// Concurrency.
+func (d *Dispatcher[TTx]) work(r *run, a attempt.Attempt) {
+	idle := time.NewTimer(workerIdleTimeout)
+	defer idle.Stop()
+	for {
+		d.call(r, a)
+		r.idle.Add(1)
+		<-r.slots
+		r.signal()
+		var ok bool
+		if a, ok = r.awaitWork(idle); !ok {
+			return
+		}
+	}
+}
+
+// awaitWork waits, as one of the idle workers, for the next call on r.work,
+// and reports false when r.work closed or the worker may end: no call came
+// for workerIdleTimeout and an idle worker is left to end. When every idle
+// worker was taken by a claim that is sending it a call, it waits on.
+func (r *run) awaitWork(idle *time.Timer) (attempt.Attempt, bool) {
+	for {
+		idle.Reset(workerIdleTimeout)
+		select {
+		case a, ok := <-r.work:
+			return a, ok
+		case <-idle.C:
+			if r.takeIdle() {
+				return attempt.Attempt{}, false
+			}
+		}
+	}
+}
+
 // call runs the provider for a claimed attempt and hands its outcome to
-// the recorder. It holds a slot from the claim until the outcome is
-// recorded.
+// the recorder. The slot its claim took is freed by its worker once it
+// returns, after the outcome is recorded.
 func (d *Dispatcher[TTx]) call(r *run, a attempt.Attempt) {
-	defer r.workers.Done()
-	defer func() { <-r.slots; r.signal() }()
+	defer r.calls.Done()
 	out := d.attempts.Run(r.callCtx, a, d.backoff)
 	if r.callCtx.Err() != nil {
 		// Cut off by the shutdown timeout: whether the provider acted is
@@ -284,7 +373,7 @@ func (d *Dispatcher[TTx]) call(r *run, a attempt.Attempt) {
 func (d *Dispatcher[TTx]) finishCalls(r *run) {
 	finished := make(chan struct{})
 	go func() {
-		r.workers.Wait()
+		r.calls.Wait()
 		close(finished)
 	}()
 	select {
@@ -297,128 +386,14 @@ func (d *Dispatcher[TTx]) finishCalls(r *run) {
 	}
 }
 
-// claim claims up to limit keys: those of tools with flow control through
-// the controlled claim, the others' through the plain one. wait is how soon
-// a controlled tool may have budget again (PollInterval when nothing is
-// known sooner).
-func (d *Dispatcher[TTx]) claim(ctx context.Context, limit, claimAt int) (attempts []attempt.Attempt, wait time.Duration, err error) {
-	wait = d.config.PollInterval
-	tools := d.registry.Dispatched()
-	if len(tools) == 0 {
-		return nil, wait, nil
-	}
-	// A claim that hangs (a connection whose server vanished) would stop the
-	// dispatcher: its deadline drops the connection, and the next claim
-	// takes another.
-	ctx, cancel := context.WithTimeout(ctx, d.client.Config().StatementTimeout)
-	defer cancel()
-	claimedAt := time.Now()
-	var replicated []string
-	for _, name := range tools {
-		if tool := d.registry.Lookup(name); tool != nil && tool.Opts.ReplicatedClaim {
-			replicated = append(replicated, name)
-		}
-	}
-	controlled, plain, released, err := d.controls.split(ctx, d.store, tools, claimedAt)
-	if err != nil {
-		return nil, wait, fmt.Errorf("read tool flow control: %w", err)
-	}
-	if !released.IsZero() {
-		wait = min(wait, max(released.Sub(claimedAt), time.Millisecond))
-	}
-	if len(controlled) == 0 && len(plain) == 0 {
-		return nil, wait, nil // every tool is held: nothing to claim yet
-	}
-	var (
-		rows []*store.ClaimedKey
-		held []observe.Held
-	)
-	if len(controlled) > 0 {
-		var budgets []store.ToolBudget
-		rows, budgets, err = d.store.ClaimControlled(ctx, &store.ClaimBatchParams{
-			Tools:           controlled,
-			ReplicatedTools: replicated,
-			Max:             limit,
-			Lease:           d.client.Config().Lease,
-			Worker:          d.workerID,
-			Now:             d.now(),
-		})
-		if err != nil {
-			return nil, wait, fmt.Errorf("claim controlled outbox batch: %w", err)
-		}
-		// A controlled tool without a budget has no control row any more:
-		// its keys are the plain claim's, from this claim on.
-		if len(budgets) < len(controlled) {
-			rowless := slices.DeleteFunc(slices.Clone(controlled), func(tool string) bool {
-				return slices.ContainsFunc(budgets, func(b store.ToolBudget) bool { return b.Tool == tool })
-			})
-			d.controls.forget(rowless)
-			plain = append(plain, rowless...)
-		}
-		perTool := make(map[string]int, len(controlled))
-		for _, row := range rows {
-			perTool[row.Tool]++
-		}
-		var holds map[string]time.Duration
-		wait, holds = controlWait(budgets, perTool, claimAt, wait)
-		for tool, after := range holds {
-			d.controls.hold(tool, time.Now().Add(after))
-		}
-		held = heldTools(budgets, perTool, limit)
-		limit -= len(rows)
-	}
-	if len(plain) > 0 && limit > 0 {
-		var more []*store.ClaimedKey
-		more, err = d.store.ClaimBatch(ctx, &store.ClaimBatchParams{
-			Tools:           plain,
-			ReplicatedTools: replicated,
-			Max:             limit,
-			Lease:           d.client.Config().Lease,
-			Worker:          d.workerID,
-			Now:             d.now(),
-		})
-		rows = append(rows, more...)
-	}
-	if obs := d.attempts.Observer(); obs != nil {
-		observeClaim(ctx, obs, claimedAt, limit, rows, held, err)
-	}
-	if err != nil {
-		return d.attemptsOf(rows, claimedAt), wait, fmt.Errorf("claim outbox batch: %w", err)
-	}
-	return d.attemptsOf(rows, claimedAt), wait, nil
-}
-
 // now is the client's clock as a statement parameter: nil, the database's
-// clock, unless the client's Config.NowFunc is set. Claims then lease by
-// it, as the client's submits and the reconciler's passes do, so that a
-// moved clock moves every window alike.
+// clock, unless the client's Config.NowFunc is set.
 func (d *Dispatcher[TTx]) now() *time.Time {
 	if d.client.Config().NowFunc == nil {
 		return nil
 	}
 	now := d.client.Now()
 	return &now
-}
-
-// attemptsOf returns the attempts of claimed rows.
-func (d *Dispatcher[TTx]) attemptsOf(rows []*store.ClaimedKey, claimedAt time.Time) []attempt.Attempt {
-	attempts := make([]attempt.Attempt, 0, len(rows))
-	for _, row := range rows {
-		attempts = append(attempts, d.attempts.Claimed(row, claimedAt, d.config.MaxAttempts))
-	}
-	return attempts
-}
-
-// observeClaim tells obs of a claim sent at began.
-func observeClaim(ctx context.Context, obs observe.Observer, began time.Time, limit int, rows []*store.ClaimedKey, held []observe.Held, err error) {
-	claim := &observe.Claim{Began: began, Ended: time.Now(), Limit: limit, Err: err, Keys: make([]observe.Key, len(rows)), Held: held}
-	for i, row := range rows {
-		claim.Keys[i] = observe.Key{
-			Key: row.Key, Tool: row.Tool, Attempt: row.Attempt, Metadata: row.Metadata,
-			Waited: row.Now.Sub(row.AvailableAt),
-		}
-	}
-	obs.Claimed(ctx, claim)
 }
 
 // backoff returns the delay before the retry after attempt: doubling from
@@ -490,12 +465,12 @@ func (d *Dispatcher[TTx]) startListener(ctx context.Context, background *sync.Wa
 func (d *Dispatcher[TTx]) listen(ctx context.Context, onNotify func()) {
 	d.store.ListenLoop(ctx, []string{d.store.WorkChannel}, d.client.Config().StatementTimeout,
 		func() {
-			d.controls.invalidate()
+			d.claimer.Invalidate()
 			onNotify()
 		},
 		func(n *pgconn.Notification) {
 			if isToolNotification(n.Payload) {
-				d.controls.invalidate()
+				d.claimer.Invalidate()
 			}
 			onNotify()
 		},

@@ -38,9 +38,11 @@
 // [Drain] claims and runs every due call of the client's registered tools,
 // one at a time, in the calling goroutine, until none is due, and records
 // each outcome exactly as a dispatcher would: stored responses, permanent
-// failures, retries with backoff, review after an uncertain attempt. A
-// retried call is due again only after its backoff, so Drain leaves it
-// pending; advance a [Clock] past the backoff and drain again.
+// failures, retries with backoff, review after an uncertain attempt. It
+// claims as a dispatcher does, through the same code, so it honours a
+// tool's pause, limits and slow-down. A retried call is due again only
+// after its backoff, so Drain leaves it pending; advance a [Clock] past the
+// backoff and drain again.
 //
 // # Recording calls
 //
@@ -56,6 +58,8 @@
 // timestamp pgonce writes or compares through that client (submits,
 // claims of Drain, leases, backoffs, retention and pruning) follows the
 // clock instead of the database's, so a test can move 31 days forward and
-// watch a key become a tombstone. Dispatchers and reconcilers claim by the
-// database's clock: drive a test that moves the clock with Drain.
+// watch a key become a tombstone. Dispatchers and reconcilers over that
+// client claim and lease by the clock too, but they wait in real time (a
+// poll, a notification) to claim what a moved clock made due: drive a test
+// that moves the clock with Drain, which claims at once.
 package oncetest

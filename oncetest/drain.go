@@ -9,7 +9,6 @@ import (
 	"github.com/pgonce/pgonce/dispatcher"
 	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/ident"
-	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -56,11 +55,24 @@ func (r DrainResult) Attempts() int { return len(r.Keys) }
 
 // Drain runs the due calls of client's registered tools synchronously, in
 // the calling goroutine, until none is due, and returns what it did. It
-// claims due pending keys as a dispatcher does (FOR UPDATE SKIP LOCKED,
-// under the client's lease, committed before any provider is called),
-// calls each key's provider in turn under the client's CallTimeout, and
-// records each outcome before the next call, so a provider that submits
-// calls of its own sees them run in the same Drain.
+// claims due pending keys through the claim a dispatcher makes (FOR UPDATE
+// SKIP LOCKED, under the client's lease, committed before any provider is
+// called), calls each key's provider in turn under the client's
+// CallTimeout, and records each outcome before the next call, so a
+// provider that submits calls of its own sees them run in the same Drain.
+//
+// Drain honours each tool's flow control as a dispatcher does (see
+// [outbox.Client.Pause] and [outbox.Client.SetToolLimits]): a paused tool's
+// keys stay pending; a tool with a limit on calls in flight or a rate is
+// claimed within that budget, so that a rate with burst N at a [Clock]
+// that stands still lets one Drain make N calls of the tool and leaves the
+// rest pending; and a tool slowed down is not claimed before its slow-down
+// ends. A provider that answers [outbox.SlowDown] under Drain slows its
+// tool down, and its key goes back to pending without spending its
+// attempt. Flow control is read again at every claim, so a pause or limit
+// that a provider sets within the Drain counts from the next claim on.
+// Claims of [outbox.ToolOpts.ReplicatedClaim] tools commit as a
+// dispatcher's do, once the synchronous standbys applied them.
 //
 // Due means by the client's clock: [outbox.Config.NowFunc] when set (a
 // [Clock]), else the database's. A call that fails and is retried becomes
@@ -83,7 +95,14 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 	}
 	config := client.Config()
 	runner := attempt.Of(client)
-	worker := ident.WorkerID(config.WorkerID)
+	// The claims are a dispatcher's (see [attempt.Claimer]): a paused tool's
+	// keys stay pending, a limited tool's are claimed within its budget, a
+	// replicated tool's claims wait for the standbys. Flow control is read
+	// at every claim, so a change a provider makes within the Drain counts.
+	claimer := runner.NewClaimer(attempt.ClaimerConfig{
+		Worker:      ident.WorkerID(config.WorkerID),
+		MaxAttempts: o.MaxAttempts,
+	})
 	tools := config.Registry.Dispatched()
 
 	var result DrainResult
@@ -91,16 +110,21 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 		if len(tools) == 0 {
 			return result, nil
 		}
-		limit := min(drainBatchSize, o.MaxCalls-len(result.Keys)+1)
-		claimedAt := time.Now()
-		claimed, err := claim(ctx, runner, config, worker, tools, limit)
+		// ClaimAt 1: a tool out of rate tokens is left out of the Drain's
+		// next claims until one has accrued, not a batch's worth.
+		claimed, _, err := claimer.Claim(ctx, &attempt.ClaimParams{
+			Tools:   tools,
+			Limit:   min(drainBatchSize, o.MaxCalls-len(result.Keys)+1),
+			ClaimAt: 1,
+		})
 		if err != nil {
-			return result, err
+			// Keys claimed before the claim failed go back to pending.
+			return result, errors.Join(fmt.Errorf("claim due calls: %w", err), release(ctx, runner, claimed))
 		}
 		if len(claimed) == 0 {
 			return result, nil
 		}
-		for i, row := range claimed {
+		for i, a := range claimed {
 			if len(result.Keys) == o.MaxCalls {
 				// The claims not run go back to pending at once: a test
 				// that drains again finds them due.
@@ -109,12 +133,11 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 				}
 				return result, fmt.Errorf("%w: %d attempts", ErrDrainLimit, o.MaxCalls)
 			}
-			a := runner.Claimed(row, claimedAt, o.MaxAttempts)
 			out := runner.Run(ctx, a, o.BackoffFunc)
-			if _, err := runner.Record(ctx, []attempt.Outcome{out}); err != nil {
-				return result, fmt.Errorf("record outcome of %s: %w", row.Key, err)
+			if err := record(ctx, runner, claimer, &out); err != nil {
+				return result, err
 			}
-			result.Keys = append(result.Keys, outbox.Key(row.Key))
+			result.Keys = append(result.Keys, outbox.Key(a.Request.Key))
 			switch out.Kind {
 			case attempt.Succeeded:
 				result.Succeeded++
@@ -161,45 +184,41 @@ func backoffDefault(attempt int) time.Duration {
 	return min(delay, dispatcher.BackoffMaxDefault)
 }
 
-func claim(ctx context.Context, runner *attempt.Runner, config outbox.Config, worker string, tools []string, limit int) ([]*store.ClaimedKey, error) {
-	ctx, cancel := context.WithTimeout(ctx, config.StatementTimeout)
-	defer cancel()
-	rows, err := runner.Store().ClaimBatch(ctx, &store.ClaimBatchParams{
-		Tools:  tools,
-		Max:    limit,
-		Lease:  config.Lease,
-		Worker: worker,
-		Now:    nowParam(config),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("claim due calls: %w", err)
+// record records out, and first applies a provider's slow down of it as a
+// dispatcher does: the tool is slowed down, and a retried key goes back to
+// pending without spending its attempt.
+func record(ctx context.Context, runner *attempt.Runner, claimer *attempt.Claimer, out *attempt.Outcome) error {
+	if out.SlowDown > 0 {
+		// When the slow down cannot be written, the outcome is recorded
+		// as an ordinary retry, after its delay, as a dispatcher's is.
+		if res, err := claimer.Throttle(ctx, out); err == nil && out.Kind == attempt.Retry && res.Released {
+			return nil
+		}
 	}
-	return rows, nil
+	if _, err := runner.Record(ctx, []attempt.Outcome{*out}); err != nil {
+		return fmt.Errorf("record outcome of %s: %w", out.Key, err)
+	}
+	return nil
 }
 
 // release puts claimed keys that Drain will not run back to pending, due
 // at once. Their claim took an attempt number, which stays taken (the
 // fence needs it): the next attempt of such a key counts one more.
-func release(ctx context.Context, runner *attempt.Runner, rows []*store.ClaimedKey) error {
-	outs := make([]attempt.Outcome, 0, len(rows))
-	for _, row := range rows {
-		out := runner.NewOutcome(runner.Claimed(row, time.Time{}, 0))
-		out.Kind, out.Ambiguous, out.Err = attempt.Retry, row.Ambiguous, errReleased
+func release(ctx context.Context, runner *attempt.Runner, claimed []attempt.Attempt) error {
+	if len(claimed) == 0 {
+		return nil
+	}
+	outs := make([]attempt.Outcome, 0, len(claimed))
+	for _, a := range claimed {
+		out := runner.NewOutcome(a)
+		out.Kind, out.Ambiguous, out.Err = attempt.Retry, a.Ambiguous, errReleased
 		outs = append(outs, out)
 	}
 	if _, err := runner.Record(ctx, outs); err != nil {
-		return fmt.Errorf("release claims left by the drain limit: %w", err)
+		return fmt.Errorf("release claims left by the drain: %w", err)
 	}
 	return nil
 }
 
 // errReleased is the last error of a key released unrun.
 var errReleased = errors.New("oncetest: claimed but not run: Drain reached MaxCalls")
-
-func nowParam(config outbox.Config) *time.Time {
-	if config.NowFunc == nil {
-		return nil
-	}
-	now := config.NowFunc()
-	return &now
-}

@@ -51,10 +51,11 @@ func attemptTool(tool *Tool, p Provider, middleware []Middleware) *attempt.Tool 
 		Call: func(ctx context.Context, req attempt.Request) (json.RawMessage, error) {
 			return p.Call(ctx, providerRequest(req))
 		},
-		Delivery:     tool.Delivery,
-		KeyRetention: tool.Opts.KeyRetention,
-		Retention:    tool.Opts.Retention,
-		Wrap:         wrapFunc(middleware, tool.Opts.Middleware),
+		Delivery:        tool.Delivery,
+		KeyRetention:    tool.Opts.KeyRetention,
+		Retention:       tool.Opts.Retention,
+		ReplicatedClaim: tool.Opts.ReplicatedClaim,
+		Wrap:            wrapFunc(middleware, tool.Opts.Middleware),
 	}
 	if lookuper, ok := p.(Lookuper); ok {
 		t.Lookup = func(ctx context.Context, req attempt.Request) (json.RawMessage, bool, error) {

@@ -108,7 +108,7 @@ func (env *environment) runDrain(ctx context.Context, round int, forward bool) (
 		if err != nil {
 			return results, fmt.Errorf("%s: %w", v.name, err)
 		}
-		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll})
+		results = append(results, result{round: round, phase: phaseDrain, variant: v.name, count: env.s.drainCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll, clientCPU: measured.clientCPU})
 	}
 	return results, nil
 }

@@ -43,7 +43,7 @@ func (env *environment) runEndToEnd(ctx context.Context, round int, forward bool
 			return results, fmt.Errorf("%s: %w", v.name, err)
 		}
 		results = append(results, result{
-			round: round, phase: phaseEndToEnd, variant: v.name, clients: 0, count: env.s.e2eCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll,
+			round: round, phase: phaseEndToEnd, variant: v.name, clients: 0, count: env.s.e2eCalls, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll, clientCPU: measured.clientCPU,
 			p50: quantile(latencies, 0.50), p99: quantile(latencies, 0.99), hasLatency: true,
 		})
 	}

@@ -164,7 +164,7 @@ func (env *environment) runEnqueue(ctx context.Context, round int, forward bool)
 				return results, fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
 			}
 			results = append(results, result{
-				round: round, phase: phaseEnqueue, variant: v.name, clients: clients, count: env.s.enqueueTx, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll,
+				round: round, phase: phaseEnqueue, variant: v.name, clients: clients, count: env.s.enqueueTx, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll, clientCPU: measured.clientCPU,
 			})
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -413,6 +414,10 @@ type span struct {
 	// harness's behalf, and serverCPUAll the whole server's (see
 	// [environment.readServerCPU]); both -1 when not measured.
 	serverCPU, serverCPUAll time.Duration
+	// clientCPU is the CPU time this process spent meanwhile: the
+	// library's Go side (and the harness's own, alike on both sides), -1
+	// when unreadable.
+	clientCPU time.Duration
 }
 
 // timing is a section begun by startTiming.
@@ -423,6 +428,8 @@ type timing struct {
 	// cpu is the server's CPU time so far, when cpuRead.
 	cpu     cpuReading
 	cpuRead bool
+	// clientCPU is this process's CPU time so far, -1 when unreadable.
+	clientCPU time.Duration
 }
 
 // startTiming begins a timed section, after a CHECKPOINT unless the
@@ -441,14 +448,17 @@ func (env *environment) startTiming(ctx context.Context) (timing, error) {
 	// Read before the clock starts and the allocations are counted: the
 	// scan of /proc is the harness's, not the measurement's.
 	cpu, cpuRead := env.readServerCPU(ctx)
-	return timing{began: time.Now(), lsn: lsn, mallocs: mallocs(), cpu: cpu, cpuRead: cpuRead}, err
+	return timing{began: time.Now(), lsn: lsn, mallocs: mallocs(), cpu: cpu, cpuRead: cpuRead, clientCPU: harnessCPU()}, err
 }
 
 // stopTiming ends the section t began. A failure to read the WAL position
 // leaves walBytes negative: the measurement still counts, unpriced.
 func (env *environment) stopTiming(ctx context.Context, t timing) span {
 	elapsed := time.Since(t.began)
-	measured := span{elapsed: elapsed, mallocs: mallocs() - t.mallocs, serverCPU: -1, serverCPUAll: -1}
+	measured := span{elapsed: elapsed, mallocs: mallocs() - t.mallocs, serverCPU: -1, serverCPUAll: -1, clientCPU: -1}
+	if now := harnessCPU(); now >= 0 && t.clientCPU >= 0 {
+		measured.clientCPU = now - t.clientCPU
+	}
 	if cpu, ok := env.readServerCPU(context.WithoutCancel(ctx)); ok && t.cpuRead {
 		measured.serverCPU, measured.serverCPUAll = cpu.since(t.cpu)
 	}
@@ -459,6 +469,16 @@ func (env *environment) stopTiming(ctx context.Context, t timing) span {
 	}
 	measured.walBytes = lsn - t.lsn
 	return measured
+}
+
+// harnessCPU is the CPU time, user and system, this process has spent so
+// far, or -1 when the system does not tell.
+func harnessCPU() time.Duration {
+	var usage syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &usage); err != nil {
+		return -1
+	}
+	return time.Duration(usage.Utime.Nano() + usage.Stime.Nano())
 }
 
 // mallocs is the process's count of heap allocations so far.

@@ -42,7 +42,7 @@ func (env *environment) runPaced(ctx context.Context, round int, forward bool) (
 				return results, fmt.Errorf("%s at %d/s: %w", v.name, rate, err)
 			}
 			results = append(results, result{
-				round: round, phase: phasePaced, variant: v.name, clients: rate, count: count, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll,
+				round: round, phase: phasePaced, variant: v.name, clients: rate, count: count, elapsed: measured.elapsed, walBytes: measured.walBytes, mallocs: measured.mallocs, serverCPU: measured.serverCPU, serverCPUAll: measured.serverCPUAll, clientCPU: measured.clientCPU,
 				p50: quantile(latencies, 0.50), p99: quantile(latencies, 0.99), hasLatency: true,
 			})
 		}

@@ -93,7 +93,14 @@ type result struct {
 	// included (0: not measured, negative: unreadable; see
 	// [environment.readServerCPU]).
 	serverCPU, serverCPUAll time.Duration
+	// clientCPU is this process's CPU time during the measurement (0: not
+	// measured, negative: unreadable).
+	clientCPU time.Duration
 }
+
+// clientCPUPerCall is this process's CPU microseconds per call, job or
+// transaction, or 0 when not measured.
+func (r result) clientCPUPerCall() float64 { return perCall(r.clientCPU, r.count) }
 
 // serverCPUPerCall is the server's CPU microseconds on the run's behalf
 // per call, job or transaction, or 0 when not measured.
@@ -153,6 +160,9 @@ func (r result) String() string {
 	if c := r.serverCPUAllPerCall(); c > 0 {
 		s += fmt.Sprintf(" (whole server %.1f µs)", c)
 	}
+	if c := r.clientCPUPerCall(); c > 0 {
+		s += fmt.Sprintf(", %6.1f µs client CPU each", c)
+	}
 	if r.hasLatency {
 		s += fmt.Sprintf(", commit to call p50 %s p99 %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
 	}
@@ -192,6 +202,9 @@ type series struct {
 	// per call, job or transaction, and serverCPUAllEach the whole
 	// server's.
 	serverCPUEach, serverCPUAllEach []float64
+	// clientCPUEach is this process's CPU microseconds per call, job or
+	// transaction.
+	clientCPUEach []float64
 }
 
 // summary is what the run measured, aggregated.
@@ -223,6 +236,9 @@ func (rs *resultSet) summarize(s settings) summary {
 		}
 		if c := r.serverCPUAllPerCall(); c > 0 {
 			sum.series[i].serverCPUAllEach = append(sum.series[i].serverCPUAllEach, c)
+		}
+		if c := r.clientCPUPerCall(); c > 0 {
+			sum.series[i].clientCPUEach = append(sum.series[i].clientCPUEach, c)
 		}
 		if r.hasLatency {
 			sum.series[i].p50s = append(sum.series[i].p50s, milliseconds(r.p50))
@@ -274,6 +290,9 @@ func (sum summary) text(env *environment) string {
 			fmt.Fprintf(&b, ", server CPU %.1f µs each (%.1f–%.1f)", median(se.serverCPUEach), slices.Min(se.serverCPUEach), slices.Max(se.serverCPUEach))
 		} else if len(se.serverCPUAllEach) > 0 {
 			fmt.Fprintf(&b, ", whole server's CPU %.1f µs each (%.1f–%.1f)", median(se.serverCPUAllEach), slices.Min(se.serverCPUAllEach), slices.Max(se.serverCPUAllEach))
+		}
+		if len(se.clientCPUEach) > 0 {
+			fmt.Fprintf(&b, ", client CPU %.1f µs each", median(se.clientCPUEach))
 		}
 		if len(se.p50s) > 0 {
 			fmt.Fprintf(&b, "   commit to call p50 %.2f ms (%.2f–%.2f), p99 %.2f ms (%.2f–%.2f)",
@@ -334,13 +353,13 @@ func (rs *resultSet) writeCSV(path string, sum summary) error {
 		return fmt.Errorf("write CSV: %w", err)
 	}
 	w := csv.NewWriter(file)
-	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio", "wal_bytes_each", "allocs_each", "server_cpu_us_each", "server_all_cpu_us_each"})
+	_ = w.Write([]string{"kind", "round", "phase", "variant", "clients", "count", "seconds", "per_second", "unit", "p50_ms", "p99_ms", "ratio", "wal_bytes_each", "allocs_each", "server_cpu_us_each", "server_all_cpu_us_each", "client_cpu_us_each"})
 	for _, r := range rs.all {
 		p50, p99 := "", ""
 		if r.hasLatency {
 			p50, p99 = formatFloat(milliseconds(r.p50), 3), formatFloat(milliseconds(r.p99), 3)
 		}
-		walEach, allocsEach, cpuEach, cpuAllEach := "", "", "", ""
+		walEach, allocsEach, cpuEach, cpuAllEach, clientEach := "", "", "", "", ""
 		if w := r.walPerCall(); w > 0 {
 			walEach = formatFloat(w, 1)
 		}
@@ -353,15 +372,18 @@ func (rs *resultSet) writeCSV(path string, sum summary) error {
 		if c := r.serverCPUAllPerCall(); c > 0 {
 			cpuAllEach = formatFloat(c, 2)
 		}
+		if c := r.clientCPUPerCall(); c > 0 {
+			clientEach = formatFloat(c, 2)
+		}
 		_ = w.Write([]string{
 			"run", strconv.Itoa(r.round + 1), r.phase, r.variant, strconv.Itoa(r.clients), strconv.Itoa(r.count),
-			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "", walEach, allocsEach, cpuEach, cpuAllEach,
+			formatFloat(r.elapsed.Seconds(), 4), formatFloat(r.rate(), 1), unitOf(r.phase), p50, p99, "", walEach, allocsEach, cpuEach, cpuAllEach, clientEach,
 		})
 	}
 	for _, q := range sum.ratios {
 		for i, v := range q.values {
 			_ = w.Write([]string{
-				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4), "", "", "", "",
+				ratioPhase, strconv.Itoa(q.rounds[i] + 1), q.phase, q.name, strconv.Itoa(q.clients), "", "", "", "", "", "", formatFloat(v, 4), "", "", "", "", "",
 			})
 		}
 	}

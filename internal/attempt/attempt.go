@@ -1,6 +1,6 @@
-// Package attempt runs claimed attempts of keys and records their outcomes:
-// the machinery that the inline path (outbox's Client.Do), the dispatcher
-// and the reconciler share. It cannot import package outbox, so it works on
+// Package attempt claims due keys, runs claimed attempts of keys and records
+// their outcomes: the machinery that the inline path (outbox's Client.Do),
+// the dispatcher, the reconciler and oncetest's Drain share. It cannot import package outbox, so it works on
 // its own small types (a [Tool] with its call and lookup functions and
 // delivery, a [Request], an error classifier), which outbox adapts from its
 // registry; none of it is part of the public API. The dispatcher and the
@@ -51,6 +51,9 @@ type Tool struct {
 	// Retention, when positive, replaces [Config.Retention] for the tool's
 	// keys.
 	Retention time.Duration
+	// ReplicatedClaim makes the claims of the tool's keys commit only once
+	// the synchronous standbys applied them.
+	ReplicatedClaim bool
 	// Wrap, when set, runs every call and lookup of the tool: it calls next
 	// to reach the provider, or returns without it to refuse. The runner
 	// classifies what it returns as it would the provider's own answer, and

@@ -19,6 +19,7 @@ import (
 	"github.com/pgonce/pgonce/internal/faults"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/migrations"
+	"github.com/pgonce/pgonce/oncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -125,6 +126,16 @@ func TestReplicatedClaim(t *testing.T) {
 		require.Zero(t, b.replicated.calls.Load(), "the provider ran before its claim was replicated")
 	})
 
+	t.Run("DrainClaimWaitsForTheStandby", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.client.Submit(t.Context(), call("refund"))
+		require.NoError(t, err)
+		background(t, func(ctx context.Context) { _, _ = oncetest.Drain(ctx, b.client, nil) })
+		awaitSyncRep(t, b, "OutboxClaimBatch")
+		require.Zero(t, b.replicated.calls.Load(), "the provider ran before its claim was replicated")
+	})
+
 	t.Run("OtherToolsClaimAtOnce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
@@ -143,5 +154,18 @@ func TestReplicatedClaim(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, outbox.StateSucceeded, res.State)
 		require.Equal(t, int64(2), b.plain.calls.Load())
+	})
+
+	t.Run("DrainClaimsOtherToolsAtOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		_, err := b.client.Submit(ctx, call("email"))
+		require.NoError(t, err)
+		drained, err := oncetest.Drain(ctx, b.client, nil)
+		require.NoError(t, err)
+		require.Equal(t, 1, drained.Succeeded)
+		require.Equal(t, int64(1), b.plain.calls.Load())
 	})
 }
