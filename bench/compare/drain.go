@@ -21,11 +21,11 @@ import (
 )
 
 // The tuned settings of the drain: pgonce's many call slots and big
-// batches, river's many workers and short fetch intervals. Both sides'
-// defaults run beside them.
+// batches, river's many workers and short fetch intervals, as many slots
+// as workers (about). Both sides' defaults run beside them.
 const (
-	tunedConcurrency     = 256
-	tunedBatchSize       = 500
+	tunedConcurrency     = 2048
+	tunedBatchSize       = 2000
 	tunedRiverWorkers    = 2000
 	tunedFetchCooldown   = 2 * time.Millisecond
 	tunedFetchPoll       = 20 * time.Millisecond
