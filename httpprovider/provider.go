@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,8 +61,12 @@ type Config struct {
 	URLFunc func(req outbox.Request) (string, error)
 	// Method is the request method. Defaults to POST.
 	Method string
-	// Client sends the requests. Defaults to a client of its own over
-	// http.DefaultTransport. Its Timeout, if any, applies beside Timeout.
+	// Client sends the requests. Defaults to a client of its own over a
+	// transport that the package's providers share, a clone of
+	// http.DefaultTransport's settings: other code that closes the idle
+	// connections of http.DefaultTransport (an httptest.Server that closes
+	// does) cannot break a request of a provider that was taking one of
+	// them. Its Timeout, if any, applies beside Timeout.
 	// The provider sends through a copy of it whose redirect policy is
 	// Redirects: its CheckRedirect is consulted only for a redirect that
 	// Redirects allows.
@@ -187,13 +192,23 @@ func New(config Config) (*Provider, error) {
 	return &Provider{config: config}, nil
 }
 
+// sharedTransport is the transport of the clients the package's providers
+// make when Config.Client is nil: one for them all, so that they share
+// their connections, and apart from http.DefaultTransport.
+var sharedTransport = sync.OnceValue(func() http.RoundTripper {
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		return t.Clone()
+	}
+	return http.DefaultTransport
+})
+
 func (c Config) withDefaults() Config {
 	c.Method = cmp.Or(c.Method, http.MethodPost)
 	c.KeyHeader = http.CanonicalHeaderKey(cmp.Or(c.KeyHeader, KeyHeaderDefault))
 	c.Timeout = cmp.Or(c.Timeout, TimeoutDefault)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
 	c.RetryAfterMax = cmp.Or(c.RetryAfterMax, RetryAfterMaxDefault)
-	client := &http.Client{}
+	client := &http.Client{Transport: sharedTransport()}
 	if c.Client != nil {
 		copied := *c.Client
 		client = &copied
