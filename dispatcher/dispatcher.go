@@ -386,16 +386,6 @@ func (d *Dispatcher[TTx]) finishCalls(r *run) {
 	}
 }
 
-// now is the client's clock as a statement parameter: nil, the database's
-// clock, unless the client's Config.NowFunc is set.
-func (d *Dispatcher[TTx]) now() *time.Time {
-	if d.client.Config().NowFunc == nil {
-		return nil
-	}
-	now := d.client.Now()
-	return &now
-}
-
 // backoff returns the delay before the retry after attempt: doubling from
 // BackoffMin, capped at BackoffMax, jittered to between half and all of it.
 func (d *Dispatcher[TTx]) backoff(attempt int) time.Duration {
@@ -504,7 +494,7 @@ func (d *Dispatcher[TTx]) reportUnserved(ctx context.Context) {
 		// their pending keys wait for them, and are not unserved.
 		Tools: d.registry.Names(),
 		Age:   d.config.UnservedAfter,
-		Now:   d.now(),
+		Now:   d.attempts.NowParam(),
 	})
 	if err != nil {
 		if ctx.Err() == nil {

@@ -35,16 +35,13 @@ func maintenanceLeadership(tools []string) string {
 func newReconciler[TTx any](client *outbox.Client[TTx], attempts *attempt.Runner, config ReconcileConfig) (*reconciler.Engine, error) {
 	clientConfig := client.Config()
 	engineConfig := reconciler.Config{
-		Grace:            config.Grace,
-		BatchSize:        config.BatchSize,
-		StalePending:     config.StalePending,
-		Logger:           config.Logger,
-		Runner:           attempts,
-		ToolsFunc:        clientConfig.Registry.Names,
-		Lease:            clientConfig.Lease,
-		StatementTimeout: clientConfig.StatementTimeout,
-		NowFunc:          clientConfig.NowFunc,
-		WorkerID:         clientConfig.WorkerID,
+		Grace:        config.Grace,
+		BatchSize:    config.BatchSize,
+		StalePending: config.StalePending,
+		Logger:       config.Logger,
+		Runner:       attempts,
+		ToolsFunc:    clientConfig.Registry.Names,
+		WorkerID:     clientConfig.WorkerID,
 	}
 	if !config.PruneDisabled {
 		engineConfig.PruneFunc = func(ctx context.Context) (reconciler.Pruned, error) {

@@ -79,16 +79,13 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 	clientConfig := client.Config()
 	logger := cmp.Or(config.Logger, clientConfig.Logger)
 	engineConfig := reconciler.Config{
-		Grace:            config.Grace,
-		BatchSize:        config.BatchSize,
-		StalePending:     config.StalePending,
-		Logger:           logger,
-		Runner:           attempt.Of(client),
-		ToolsFunc:        clientConfig.Registry.Names,
-		Lease:            clientConfig.Lease,
-		StatementTimeout: clientConfig.StatementTimeout,
-		NowFunc:          clientConfig.NowFunc,
-		WorkerID:         clientConfig.WorkerID,
+		Grace:        config.Grace,
+		BatchSize:    config.BatchSize,
+		StalePending: config.StalePending,
+		Logger:       logger,
+		Runner:       attempt.Of(client),
+		ToolsFunc:    clientConfig.Registry.Names,
+		WorkerID:     clientConfig.WorkerID,
 	}
 	if progress := config.ProgressFunc; progress != nil {
 		engineConfig.ProgressFunc = func(report reconciler.Report) { progress(reportOf(report)) }

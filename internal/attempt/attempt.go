@@ -130,6 +130,12 @@ func (r *Runner) Store() *store.Store { return r.store }
 // runs.
 func (r *Runner) Observer() observe.Observer { return r.config.Observer }
 
+// Lease is how long a claim holds its key: the client's lease.
+func (r *Runner) Lease() time.Duration { return r.config.Lease }
+
+// StatementTimeout is the client's deadline of each statement.
+func (r *Runner) StatementTimeout() time.Duration { return r.config.StatementTimeout }
+
 // Tool returns the registered tool named name, or nil.
 func (r *Runner) Tool(name string) *Tool { return r.config.ToolFunc(name) }
 

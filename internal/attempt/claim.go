@@ -163,7 +163,7 @@ func (c *Claimer) params(tools, replicated []string, limit int) *store.ClaimBatc
 		Max:             limit,
 		Lease:           c.runner.config.Lease,
 		Worker:          c.config.Worker,
-		Now:             c.runner.nowParam(),
+		Now:             c.runner.NowParam(),
 	}
 }
 
@@ -190,7 +190,7 @@ func (c *Claimer) Throttle(ctx context.Context, out *Outcome) (res *store.Thrott
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.runner.config.StatementTimeout)
 	defer cancel()
 	s := c.runner.Store()
-	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown, Now: c.runner.nowParam()}
+	p := &store.ThrottleParams{Tool: out.Tool, Delay: out.SlowDown, Now: c.runner.NowParam()}
 	if !c.runner.config.NotifyDisabled {
 		p.Channel = s.WorkChannel
 	}

@@ -125,7 +125,7 @@ func (r *Runner) recordLarge(ctx context.Context, until time.Time, o Outcome, wr
 	extend := func() (held bool, err error) {
 		extendCtx, cancel := context.WithTimeout(ctx, r.config.StatementTimeout)
 		defer cancel()
-		return r.store.ExtendLease(extendCtx, o.Key, o.Attempt, lease, r.nowParam())
+		return r.store.ExtendLease(extendCtx, o.Key, o.Attempt, lease, r.NowParam())
 	}
 	var held bool
 	_, err := r.retryTransient(ctx, until, r.config.StatementTimeout, func(context.Context) error {
@@ -228,7 +228,7 @@ func (r *Runner) settleReview(ctx context.Context, until time.Time, o Outcome) (
 		TombstoneRetention: r.config.TombstoneRetention,
 		ResolvedBy:         "pgonce",
 		Reason:             fmt.Sprintf("the outcome of attempt %d came after the reconciler took the key over", o.Attempt),
-		Now:                r.nowParam(),
+		Now:                r.NowParam(),
 	}
 	if !r.config.NotifyDisabled {
 		params.Channel = r.store.DoneChannel
@@ -401,9 +401,10 @@ func (r *Runner) logRecorded(ctx context.Context, outs []Outcome, keys []string)
 	}
 }
 
-// nowParam is the time passed to statements: nil lets the database's clock
-// decide, which keeps every lease on one clock.
-func (r *Runner) nowParam() *time.Time {
+// NowParam is the time passed to statements: nil lets the database's clock
+// decide, which keeps every lease on one clock; the client's NowFunc when it
+// has one.
+func (r *Runner) NowParam() *time.Time {
 	if r.config.NowFunc == nil {
 		return nil
 	}
@@ -413,7 +414,7 @@ func (r *Runner) nowParam() *time.Time {
 
 // finish writes final outcomes with [store.Store.Finish].
 func (r *Runner) finish(ctx context.Context, outs []Outcome, written map[string]bool) error {
-	params := &store.FinishParams{Now: r.nowParam(), TombstoneRetention: r.config.TombstoneRetention}
+	params := &store.FinishParams{Now: r.NowParam(), TombstoneRetention: r.config.TombstoneRetention}
 	if !r.config.NotifyDisabled {
 		params.Channel = r.store.DoneChannel
 	}
@@ -443,7 +444,7 @@ func (r *Runner) finish(ctx context.Context, outs []Outcome, written map[string]
 // release puts retryable attempts back to pending with
 // [store.Store.Release].
 func (r *Runner) release(ctx context.Context, outs []Outcome, written map[string]bool) error {
-	params := &store.ReleaseParams{Now: r.nowParam()}
+	params := &store.ReleaseParams{Now: r.NowParam()}
 	if !r.config.NotifyDisabled {
 		params.Channel = r.store.WorkChannel
 	}

@@ -50,19 +50,13 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Runner is the client's attempt runner: its tools, store, settling
-	// and recording. Required.
+	// and recording, and the client's lease, statement timeout and clock.
+	// Required.
 	Runner *attempt.Runner
 	// ToolsFunc returns the names of the tools the client registers, read
 	// at every run: a registry may gain tools after the engine is made.
 	// Only their expired rows are reclaimed. Required.
 	ToolsFunc func() []string
-	// Lease is the client's lease, which reclaimed rows are held under.
-	Lease time.Duration
-	// StatementTimeout is the client's deadline of each statement.
-	StatementTimeout time.Duration
-	// NowFunc is the client's clock, which leases then follow; nil means
-	// the database's clock.
-	NowFunc func() time.Time
 	// WorkerID is the client's worker id. The engine's leases carry it
 	// after "reconcile:" and before a random suffix of its own.
 	WorkerID string

@@ -69,17 +69,6 @@ func (e *Engine) RunOnce(ctx context.Context) (Report, error) {
 	return report, err
 }
 
-// now is the client's clock as a statement parameter: nil, the database's
-// clock, unless [Config.NowFunc] is set, which leases then follow (as the
-// client's and the dispatcher's statements do).
-func (e *Engine) now() *time.Time {
-	if e.config.NowFunc == nil {
-		return nil
-	}
-	now := e.config.NowFunc()
-	return &now
-}
-
 func (e *Engine) runOnce(ctx context.Context) (Report, error) {
 	report := newReport()
 	logger := e.config.Logger
@@ -93,9 +82,9 @@ func (e *Engine) runOnce(ctx context.Context) (Report, error) {
 				Grace:  e.config.Grace,
 				Tools:  tools,
 				Max:    e.config.BatchSize,
-				Lease:  e.config.Lease,
+				Lease:  e.attempts.Lease(),
 				Worker: e.workerID,
-				Now:    e.now(),
+				Now:    e.attempts.NowParam(),
 			})
 			return err
 		})
@@ -141,7 +130,7 @@ func (e *Engine) runOnce(ctx context.Context) (Report, error) {
 	}
 
 	err := e.statement(ctx, func(ctx context.Context) error {
-		skipped, err := e.store.CountExpired(ctx, &store.CountExpiredParams{Grace: e.config.Grace, Tools: tools, Now: e.now()})
+		skipped, err := e.store.CountExpired(ctx, &store.CountExpiredParams{Grace: e.config.Grace, Tools: tools, Now: e.attempts.NowParam()})
 		if err != nil {
 			return fmt.Errorf("count skipped rows: %w", err)
 		}
@@ -154,7 +143,7 @@ func (e *Engine) runOnce(ctx context.Context) (Report, error) {
 		return report, err
 	}
 	err = e.statement(ctx, func(ctx context.Context) error {
-		stale, err := e.store.CountStalePending(ctx, e.config.StalePending, e.now())
+		stale, err := e.store.CountStalePending(ctx, e.config.StalePending, e.attempts.NowParam())
 		if err != nil {
 			return fmt.Errorf("count stale pending rows: %w", err)
 		}
@@ -179,11 +168,11 @@ func (e *Engine) runOnce(ctx context.Context) (Report, error) {
 }
 
 // statement runs f, one statement, on a pool connection under
-// [Config.StatementTimeout]: a statement that hangs (a connection whose
+// the client's statement timeout: a statement that hangs (a connection whose
 // server vanished) is cancelled and its connection dropped, and the next
 // run takes another.
 func (e *Engine) statement(ctx context.Context, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, e.config.StatementTimeout)
+	ctx, cancel := context.WithTimeout(ctx, e.attempts.StatementTimeout())
 	defer cancel()
 	return f(ctx)
 }
