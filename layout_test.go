@@ -133,6 +133,39 @@ func TestPublicImportsPointOneWay(t *testing.T) {
 	}
 }
 
+// extensionInternalImports lists, for every package that builds on the
+// client from outside (the HTTP layers, telemetry, the agents' shared rule),
+// the internal packages it may import: none of the storage or attempt
+// machinery, only small shared helpers that carry no state of the client's.
+// What an extension needs of the client (its errors, its checks such as
+// [outbox.IsTransient]) the public API offers, as it does to users.
+var extensionInternalImports = map[string][]string{
+	modulePath + "/httpprovider": {modulePath + "/internal/header"},
+	modulePath + "/httpstatus":   nil,
+	modulePath + "/idempotency":  {modulePath + "/internal/header"},
+	modulePath + "/telemetry":    {modulePath + "/internal/observe"},
+	modulePath + "/toolcall":     nil,
+}
+
+// TestExtensionsUseThePublicAPI checks extensionInternalImports: an
+// extension that reached beneath the public API for a check would tie
+// itself to internals that users writing the same extension cannot see.
+func TestExtensionsUseThePublicAPI(t *testing.T) {
+	t.Parallel()
+
+	for pkg, imports := range listPackages(t, "Imports", "./...") {
+		allowed, extension := extensionInternalImports[pkg]
+		if !extension {
+			continue
+		}
+		for _, imp := range imports {
+			if isInternal(imp) {
+				require.True(t, slices.Contains(allowed, imp), "the extension %s imports %s", pkg, imp)
+			}
+		}
+	}
+}
+
 // TestTestMachineryOnlyInTests checks that the internal packages allowed
 // above the public API (internalAboveThePublicAPI) are test machinery: no
 // library package depends on them, only tests, the runnable examples and

@@ -17,7 +17,6 @@ import (
 
 	"github.com/pgonce/pgonce/httpprovider"
 	"github.com/pgonce/pgonce/internal/header"
-	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/outbox"
 )
 
@@ -298,7 +297,7 @@ func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, nex
 			case err == nil:
 				m.answer(w, res)
 				return
-			case ctx.Err() != nil || !errors.Is(err, outbox.ErrInProgress) && !store.IsTransient(err):
+			case ctx.Err() != nil || !errors.Is(err, outbox.ErrInProgress) && !outbox.IsTransient(err):
 				m.writeError(w, err)
 				return
 			}
@@ -309,7 +308,7 @@ func (m *Middleware[TTx]) serveLease(w http.ResponseWriter, r *http.Request, nex
 		case errors.Is(err, outbox.ErrInProgress):
 			held = true // pending, and not claimable right now
 			sleep(waitCtx, &backoff)
-		case ctx.Err() != nil || !store.IsTransient(err):
+		case ctx.Err() != nil || !outbox.IsTransient(err):
 			m.writeError(w, err)
 			return
 		default:
@@ -470,7 +469,7 @@ func (m *Middleware[TTx]) writeError(w http.ResponseWriter, err error) {
 			"This key was used long ago and its response is no longer kept; use a new key for a new request.", 0)
 	case errors.Is(err, outbox.ErrInvalidCall) || errors.Is(err, outbox.ErrNotCanonical):
 		writeProblem(w, http.StatusBadRequest, "malformed-key", "Idempotency-Key or scope is invalid", err.Error(), 0)
-	case store.IsTransient(err):
+	case outbox.IsTransient(err):
 		// The store did not answer in time (no free connection, too many
 		// connections, a dropped one): nothing ran for this request.
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "The request could not be processed now",

@@ -172,6 +172,21 @@ func errTxAborted() error     { return store.ErrTxAborted }
 func errTxDone() error        { return store.ErrTxDone }
 func errNotMigrated() error   { return store.ErrNotMigrated }
 
+// IsTransient reports whether err is a failure of the database that the
+// same operation may survive when it is asked again: the connection was lost
+// or could not be had (a killed backend, a restarting or unreachable server,
+// a network cut, a statement deadline, no free connection in the pool), or
+// PostgreSQL refused for the moment (too many connections, a serialization
+// failure, a deadlock, a statement_timeout, a lock_timeout or a cancel
+// request). Nothing was decided for the key: ask again with the same call.
+// The caller's own context being done is not transient, and neither is an
+// error in the call or its data, nor any of this package's sentinel errors
+// but [ErrTimeout] and [ErrSerialization].
+//
+// Extensions over the client (an HTTP middleware answering 503, a retry
+// loop) use it to tell "try again" from "give up".
+func IsTransient(err error) bool { return store.IsTransient(err) }
+
 // ErrInvalidParams is returned by [Client.Cancel], [Client.Retry] and
 // [Client.List] for malformed parameters: a By or Reason that is empty, too
 // long, not valid UTF-8 or holds a NUL byte; a state that cannot be listed,
