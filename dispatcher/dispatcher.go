@@ -41,7 +41,8 @@ type Dispatcher[TTx any] struct {
 }
 
 // New returns a dispatcher for the tools in client's registry. It returns
-// [ErrInvalidConfig] for an invalid config, and also
+// [ErrInvalidConfig] for an invalid config or a client not made by
+// [outbox.New] or [outbox.NewPgx], and also
 // [outbox.ErrTransactionPooling] for a client with
 // [outbox.PoolingTransaction] whose dispatcher would listen through the
 // pooler: give the client a ListenConnectFunc, or set NotifyDisabled.
@@ -60,7 +61,10 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Dispatcher[TTx], 
 		return nil, fmt.Errorf("%w: %w: a dispatcher over a client with PoolingTransaction cannot listen through the pooler: "+
 			"set the client's ListenConnectFunc to a direct connection, or NotifyDisabled to poll only", ErrInvalidConfig, outbox.ErrTransactionPooling)
 	}
-	attempts := attempt.Of(client)
+	attempts, err := attempt.Of(client)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: %w", ErrInvalidConfig, err)
+	}
 	var engine *reconciler.Engine
 	if !config.MaintenanceDisabled {
 		var err error

@@ -1058,3 +1058,13 @@ func testNewRefusesInvalidConfig[TTx any](t *testing.T, driver drivertest.Driver
 		})
 	}
 }
+
+// TestNewRefusesAClientNotMadeByNew: a zero outbox.Client has no runner;
+// New says so with ErrInvalidConfig instead of panicking.
+func TestNewRefusesAClientNotMadeByNew(t *testing.T) {
+	t.Parallel()
+	_, err := dispatcher.New(&outbox.Client[pgx.Tx]{}, dispatcher.Config{})
+	require.ErrorIs(t, err, dispatcher.ErrInvalidConfig)
+	_, err = dispatcher.New(&outbox.Client[*sql.Tx]{}, dispatcher.Config{MaintenanceDisabled: true})
+	require.ErrorIs(t, err, dispatcher.ErrInvalidConfig)
+}

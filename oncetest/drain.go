@@ -81,7 +81,8 @@ func (r DrainResult) Attempts() int { return len(r.Keys) }
 // keys of [outbox.ToolOpts.InlineOnly] tools, which, as with a dispatcher,
 // only their callers' [outbox.Client.Do] runs.
 //
-// Drain returns [ErrInvalidOpts] for a nil client or negative options,
+// Drain returns [ErrInvalidOpts] for a nil client, a client not made by
+// [outbox.New] or [outbox.NewPgx], or negative options,
 // [ErrDrainLimit] after opts.MaxCalls attempts with calls still due, and
 // an error wrapping the database's when a claim or a record fails. An
 // attempt already made when it fails stays recorded.
@@ -94,7 +95,10 @@ func Drain[TTx any](ctx context.Context, client *outbox.Client[TTx], opts *Drain
 		return DrainResult{}, err
 	}
 	config := client.Config()
-	runner := attempt.Of(client)
+	runner, err := attempt.Of(client)
+	if err != nil {
+		return DrainResult{}, fmt.Errorf("%w: client: %w", ErrInvalidOpts, err)
+	}
 	// The claims are a dispatcher's (see [attempt.Claimer]): a paused tool's
 	// keys stay pending, a limited tool's are claimed within its budget, a
 	// replicated tool's claims wait for the standbys. Flow control is read

@@ -297,6 +297,9 @@ func testDrain[TTx any](t *testing.T, d drivertest.Driver[TTx]) {
 		}
 		_, err := oncetest.Drain[TTx](t.Context(), nil, nil)
 		require.ErrorIs(t, err, oncetest.ErrInvalidOpts)
+		// A zero client has no runner: refused, not a panic.
+		_, err = oncetest.Drain(t.Context(), &outbox.Client[TTx]{}, nil)
+		require.ErrorIs(t, err, oncetest.ErrInvalidOpts)
 		got, err := bundle.client.Get(t.Context(), key)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatePending, got.State)

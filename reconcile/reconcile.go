@@ -71,10 +71,16 @@ type Reconciler[TTx any] struct {
 	logger *slog.Logger
 }
 
-// New returns a reconciler for the tools in client's registry.
+// New returns a reconciler for the tools in client's registry. It returns
+// [ErrInvalidConfig] for an invalid config or a client not made by
+// [outbox.New] or [outbox.NewPgx].
 func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: client must not be nil", ErrInvalidConfig)
+	}
+	runner, err := attempt.Of(client)
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: %w", ErrInvalidConfig, err)
 	}
 	clientConfig := client.Config()
 	logger := cmp.Or(config.Logger, clientConfig.Logger)
@@ -83,7 +89,7 @@ func New[TTx any](client *outbox.Client[TTx], config Config) (*Reconciler[TTx], 
 		BatchSize:    config.BatchSize,
 		StalePending: config.StalePending,
 		Logger:       logger,
-		Runner:       attempt.Of(client),
+		Runner:       runner,
 		ToolsFunc:    clientConfig.Registry.Names,
 		WorkerID:     clientConfig.WorkerID,
 	}

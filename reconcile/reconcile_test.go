@@ -471,3 +471,13 @@ func testRunOnceAfterAHalfOpenConnection[TTx any](t *testing.T, driver drivertes
 		require.True(t, time.Now().Before(deadline), "the row was never resolved: %v", err)
 	}
 }
+
+// TestNewRefusesAClientNotMadeByNew: a zero outbox.Client has no runner;
+// New says so with ErrInvalidConfig instead of panicking.
+func TestNewRefusesAClientNotMadeByNew(t *testing.T) {
+	t.Parallel()
+	_, err := reconcile.New(&outbox.Client[pgx.Tx]{}, reconcile.Config{})
+	require.ErrorIs(t, err, reconcile.ErrInvalidConfig)
+	_, err = reconcile.New(&outbox.Client[*sql.Tx]{}, reconcile.Config{})
+	require.ErrorIs(t, err, reconcile.ErrInvalidConfig)
+}

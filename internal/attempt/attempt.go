@@ -141,8 +141,8 @@ func (r *Runner) Tool(name string) *Tool { return r.config.ToolFunc(name) }
 
 // Handle carries a client's runner. Package outbox embeds one in its
 // Client, set when the client is made, under an unexported alias so that it
-// stays out of the client's documentation; [Of] finds it through its
-// unexported method, which only such an embedding can provide.
+// stays out of the client's documentation; [Of] reaches it through
+// [Holder], whose unexported method only such an embedding provides.
 type Handle struct{ runner *Runner }
 
 // NewHandle returns a handle on runner.
@@ -150,15 +150,24 @@ func NewHandle(runner *Runner) Handle { return Handle{runner: runner} }
 
 func (h Handle) attemptRunner() *Runner { return h.runner }
 
-// Of returns the runner of client, an *outbox.Client of any transaction
-// type. It panics for anything else: that is a wiring error.
-func Of(client any) *Runner {
-	if c, ok := client.(interface{ attemptRunner() *Runner }); ok {
-		if runner := c.attemptRunner(); runner != nil {
-			return runner
-		}
+// Holder is implemented by every *outbox.Client, of any transaction type,
+// and by nothing outside this module: its method is unexported, promoted
+// from the embedded [Handle].
+type Holder interface{ attemptRunner() *Runner }
+
+// ErrNoRunner is returned by [Of] for a client that was not made by
+// outbox.New or outbox.NewPgx (a zero Client, say), which has no runner.
+var ErrNoRunner = errors.New("the client was not made by outbox.New or outbox.NewPgx")
+
+// Of returns the runner of client, or [ErrNoRunner].
+func Of(client Holder) (*Runner, error) {
+	if client == nil {
+		return nil, ErrNoRunner
 	}
-	panic(fmt.Sprintf("attempt: %T has no runner", client))
+	if runner := client.attemptRunner(); runner != nil {
+		return runner, nil
+	}
+	return nil, ErrNoRunner
 }
 
 // Attempt is one claimed attempt of a key.
