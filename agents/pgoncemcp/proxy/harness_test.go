@@ -147,7 +147,7 @@ func sentKeys(t *testing.T, log, tool string) []string {
 		return nil
 	}
 	require.NoError(t, err)
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var keys []string
 	scanner := bufio.NewScanner(f)
 	scanner.Buffer(nil, 1<<20)

@@ -137,4 +137,3 @@ func TestProxyOverHTTP(t *testing.T) {
 		}
 	})
 }
-

@@ -226,4 +226,3 @@ func TestProxyKilledMidCall(t *testing.T) {
 		require.Equal(t, map[string]int{"ada": 1}, b.memory.entities(t))
 	})
 }
-

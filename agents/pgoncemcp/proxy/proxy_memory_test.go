@@ -105,8 +105,8 @@ func TestProxyMemory(t *testing.T) {
 		const duplicates = 8
 		results := make(chan outcome, duplicates)
 		for range duplicates {
+			cs := connect(t, b.proxy.Server())
 			go func() {
-				cs := connect(t, b.proxy.Server())
 				res, err := cs.CallTool(t.Context(), call("create_entities", "run-1", 1, entity("ada")))
 				results <- outcome{res, err}
 			}()
