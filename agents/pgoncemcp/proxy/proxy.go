@@ -266,8 +266,9 @@ func (p *Proxy[TTx]) forward(ctx context.Context, req *mcp.CallToolRequest) (*mc
 		var wire *jsonrpc.Error
 		if errors.As(err, &wire) {
 			// The upstream answered that it ran nothing: its error goes back
-			// as it is, and the action may run at its next call.
-			return nil, err
+			// as it is, without the SDK's "calling ..." wrapping, and the
+			// action may run at its next call.
+			return nil, wire
 		}
 		// The request may have reached the upstream and acted: the
 		// tool's delivery settles it.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
@@ -24,6 +25,9 @@ type seen struct {
 	auth  []string
 	keys  []string
 	calls int
+	// rejected counts the calls of "reject", which answers a JSON-RPC
+	// error.
+	rejected int
 }
 
 // httpUpstream serves a tool "notify" over streamable HTTP and records what
@@ -42,6 +46,13 @@ func httpUpstream(t *testing.T) (*httptest.Server, *seen) {
 			key, _ := req.Params.Meta[pgoncemcp.MetaKey].(string)
 			s.keys = append(s.keys, key)
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
+		})
+	server.AddTool(&mcp.Tool{Name: "reject", InputSchema: map[string]any{"type": "object"}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.rejected++
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "no such order: 8842"}
 		})
 	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
 	t.Cleanup(ts.Close)
@@ -115,6 +126,21 @@ func TestProxyOverHTTP(t *testing.T) {
 		require.Equal(t, 1, upstream.calls, "the second call got the stored result")
 		require.Equal(t, []string{"Bearer s3cret-token"}, upstream.auth)
 		require.Equal(t, []string{string(keyOf(t, "notify", "run-1", 1, args))}, upstream.keys)
+	})
+
+	t.Run("AJSONRPCErrorOfTheUpstreamComesBackAsItIsAndRecordsNothing", func(t *testing.T) {
+		t.Parallel()
+		cs, upstream, _ := setup(t, slog.LevelInfo)
+		for range 2 {
+			_, err := cs.CallTool(t.Context(), call("reject", "run-1", 1, args))
+			var wire *jsonrpc.Error
+			require.ErrorAs(t, err, &wire)
+			require.Equal(t, int64(jsonrpc.CodeInvalidParams), wire.Code)
+			require.Equal(t, "no such order: 8842", wire.Message)
+		}
+		upstream.mu.Lock()
+		defer upstream.mu.Unlock()
+		require.Equal(t, 2, upstream.rejected, "the upstream ran nothing, so the action is asked again")
 	})
 
 	t.Run("NeverLogsCredentialsOrArgumentsAboveDebug", func(t *testing.T) {
