@@ -168,24 +168,9 @@ func TestProxyKilledMidCall(t *testing.T) {
 		require.Equal(t, []string{string(key)}, sentKeys(t, m.log, "create_entities"))
 		return &testBundle{memory: m, config: path, key: key}
 	}
-	// askUntil asks for the action through p until the answer is not "in
-	// progress" (the killed call's lease, until it expires and the
-	// reconciler settles it), and returns it.
 	askUntil := func(t *testing.T, p *process) *mcp.CallToolResult {
 		t.Helper()
-		for {
-			res, err := p.session.CallTool(t.Context(), params())
-			require.NoError(t, err)
-			obs, ok := pgoncemcp.ObservationOf(res)
-			if !ok || obs.Status != outbox.ObservationInProgress {
-				return res
-			}
-			select {
-			case <-t.Context().Done():
-				t.Fatal("the killed call was never settled")
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		return askUntilSettled(t, p, params)
 	}
 
 	t.Run("AtMostOnceGoesToReviewAndIsNeverSentAgain", func(t *testing.T) {
@@ -225,4 +210,81 @@ func TestProxyKilledMidCall(t *testing.T) {
 		// per name.
 		require.Equal(t, map[string]int{"ada": 1}, b.memory.entities(t))
 	})
+}
+
+// askUntilSettled asks for the action of params through p until the answer
+// is not "in progress" (the killed call's lease, until it expires and the
+// reconciler settles it), and returns it.
+func askUntilSettled(t *testing.T, p *process, params func() *mcp.CallToolParams) *mcp.CallToolResult {
+	t.Helper()
+	for {
+		res, err := p.session.CallTool(t.Context(), params())
+		require.NoError(t, err)
+		obs, ok := pgoncemcp.ObservationOf(res)
+		if !ok || obs.Status != outbox.ObservationInProgress {
+			return res
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal("the killed call was never settled")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// TestProxyKilledMidEdit kills pgonce-mcp-proxy with SIGKILL after the
+// upstream, @modelcontextprotocol/server-filesystem from npm, applied an
+// edit and before the proxy recorded it. edit_file is not idempotent (each
+// application appends " +1"), and the server does not honour keys: at most
+// once, the edit goes to review and stays applied once.
+func TestProxyKilledMidEdit(t *testing.T) {
+	t.Parallel()
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	require.NoError(t, err)
+	upstream, log := recorded(t, serverScript(t, "server-filesystem"), dir)
+	path := filepath.Join(dir, "ledger.txt")
+	require.NoError(t, os.WriteFile(path, []byte("ledger:\n"), 0o600))
+	args := string(mustJSON(t, map[string]any{"path": path, "edits": []map[string]string{{"oldText": "ledger:", "newText": "ledger: +1"}}}))
+	params := func() *mcp.CallToolParams { return call("edit_file", "run-1", 1, args) }
+	applied := func() int {
+		data, err := os.ReadFile(path) //nolint:gosec // the test's own file
+		require.NoError(t, err)
+		return strings.Count(string(data), "+1")
+	}
+
+	config := proxy.Config{
+		Upstream:       upstream,
+		Schema:         newSchema(t),
+		CallTimeout:    proxy.Duration(5 * time.Second),
+		Lease:          proxy.Duration(6 * time.Second),
+		ReconcileEvery: proxy.Duration(100 * time.Millisecond),
+		ReconcileGrace: proxy.Duration(time.Millisecond),
+	}
+	configPath := filepath.Join(t.TempDir(), "proxy.json")
+	require.NoError(t, os.WriteFile(configPath, mustJSON(t, config), 0o600))
+
+	killed := launch(t, configPath, "edit_file")
+	asked := make(chan error, 1)
+	go func() {
+		_, err := killed.session.CallTool(context.WithoutCancel(t.Context()), params())
+		asked <- err
+	}()
+	select {
+	case <-killed.stderr.held:
+	case err := <-asked:
+		t.Fatalf("the call ended before the upstream answered it: %v", err)
+	case <-t.Context().Done():
+		t.Fatal("the upstream never answered")
+	}
+	require.Equal(t, 1, applied(), "the upstream acted")
+	require.NoError(t, killed.cmd.Process.Kill())
+	require.Error(t, <-asked)
+
+	restarted := launch(t, configPath, "")
+	res := askUntilSettled(t, restarted, params)
+	obs, ok := pgoncemcp.ObservationOf(res)
+	require.True(t, ok, text(res))
+	require.Equal(t, outbox.ObservationNeedsReview, obs.Status, "the default delivery is at most once")
+	require.Equal(t, 1, applied(), "applied once, never twice")
+	require.Len(t, sentKeys(t, log, "edit_file"), 1)
 }
