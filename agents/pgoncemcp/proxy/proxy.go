@@ -187,6 +187,11 @@ func (p *Proxy[TTx]) sync(ctx context.Context) error {
 		}
 		listed[tool.Name] = true
 	}
+	for _, name := range slices.Sorted(maps.Keys(p.config.Tools)) {
+		if !listed[name] {
+			p.logger.WarnContext(ctx, "mcp proxy: a configured tool is not among the upstream's", "tool", name)
+		}
+	}
 	var gone []string
 	for name := range p.served {
 		if !listed[name] {
