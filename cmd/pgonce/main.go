@@ -86,6 +86,7 @@ func commands() []*command {
 		pruneCommand(),
 		reconcileCommand(),
 		consoleCommand(),
+		mcpProxyCommand(),
 		demoCommand(),
 		versionCommand(),
 	}
