@@ -23,7 +23,10 @@ var ErrKeyConflict = errors.New("key conflict")
 var ErrInProgress = errors.New("in progress, retry later")
 
 // ErrNotFound is returned by [Client.Get] and [Client.Wait] for a key that
-// was never submitted.
+// the database does not hold: never submitted, submitted in a transaction
+// that has not committed or rolled back, or committed on a primary that
+// failed over to a standby that never received the commit. Wait's error
+// names these causes and matches ErrNotFound.
 var ErrNotFound = errors.New("key not found")
 
 // ErrExpired is returned for a key that outlived its retention: only its

@@ -44,8 +44,9 @@ const (
 // deadline, a restarting server, too many connections; see docs/concepts.md,
 // "Waiting for a result") is retried with
 // the same backoff: Wait keeps waiting through it. A definitive answer
-// returns at once: [ErrNotFound] for a key never submitted or whose submit
-// has not committed yet (the error says so), [ErrExpired] for
+// returns at once: [ErrNotFound] for a key the database does not hold (its
+// submit has not committed yet, rolled back, or was lost by a failover to
+// an asynchronous standby; the error names all three), [ErrExpired] for
 // a pruned one, [ErrInvalidKey] for a malformed key, and any other error that
 // retrying cannot cure, such as a schema that is not migrated.
 //
@@ -134,14 +135,19 @@ func (c *Client[TTx]) waitPolled(key Key, next time.Duration) {
 	}
 }
 
-// waitNotFound adds to err, when it is [ErrNotFound], its likeliest cause
-// in a wait: the key's submit has not committed yet.
+// waitNotFound adds to err, when it is [ErrNotFound], the ways a key that
+// its caller submitted can be missing: its transaction has not committed
+// yet, it rolled back, or it committed on a primary that then failed over
+// to a standby that never received the commit. The caller knows which of
+// the first two it did; the third is the one it cannot see.
 func waitNotFound(err error) error {
 	if !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	return fmt.Errorf("%w (no committed submit holds it: a wait sees a key only once the transaction "+
-		"that submitted it has committed, so wait after the commit, not inside the transaction)", err)
+	return fmt.Errorf("%w: the database holds no committed submit of it: the transaction that submitted it "+
+		"has not committed yet (wait after the commit, not inside the transaction), or it rolled back, "+
+		"or it committed on a primary that failed over to a standby that never received the commit "+
+		"(asynchronous replication; see docs/high-availability.md, \"After a failover\")", err)
 }
 
 // waitDone is the error of a [Client.Wait] whose ctx is done: ctx's error,

@@ -353,7 +353,7 @@ func testWaitBeforeTheSubmitCommits[TTx any](t *testing.T, h driverHarness[TTx])
 
 	_, err = client.Wait(t.Context(), res.Key)
 	require.ErrorIs(t, err, outbox.ErrNotFound)
-	require.ErrorContains(t, err, "only once the transaction that submitted it has committed")
+	require.ErrorContains(t, err, "has not committed yet")
 	_, err = client.WaitResult(t.Context(), res)
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 	require.ErrorContains(t, err, "wait after the commit")
@@ -362,6 +362,48 @@ func testWaitBeforeTheSubmitCommits[TTx any](t *testing.T, h driverHarness[TTx])
 	got, err := client.Get(t.Context(), res.Key)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatePending, got.State)
+}
+
+// TestWaitForAKeyAFailoverLost: a key whose submit committed and that the
+// database no longer holds, as after a failover to an asynchronous standby
+// that never received the commit, answers ErrNotFound, and the error names
+// what can have happened besides waiting too early: a rollback, or such a
+// failover.
+func TestWaitForAKeyAFailoverLost(t *testing.T) {
+	t.Parallel()
+	eachHarness(t, testWaitForAKeyAFailoverLost[pgx.Tx], testWaitForAKeyAFailoverLost[*sql.Tx])
+}
+
+func testWaitForAKeyAFailoverLost[TTx any](t *testing.T, h driverHarness[TTx]) {
+	t.Helper()
+	config := refundConfig(t)
+	client := h.newClient(t, config)
+	res, err := client.Submit(t.Context(), refundCall("run-lost"))
+	require.NoError(t, err)
+	require.True(t, res.Created)
+
+	// The promoted standby never received the row.
+	tag, err := pgoncetest.Pool(t).Exec(t.Context(),
+		`DELETE FROM `+pgx.Identifier{config.Schema}.Sanitize()+`.pgonce_key WHERE key = $1`,
+		pgoncetest.StoredKey(t, string(res.Key)))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+
+	for name, wait := range map[string]func() error{
+		"Wait": func() error {
+			_, err := client.Wait(t.Context(), res.Key)
+			return err
+		},
+		"WaitResult": func() error {
+			_, err := client.WaitResult(t.Context(), res)
+			return err
+		},
+	} {
+		err := wait()
+		require.ErrorIs(t, err, outbox.ErrNotFound, name)
+		require.ErrorContains(t, err, "rolled back", name)
+		require.ErrorContains(t, err, "failed over to a standby that never received the commit", name)
+	}
 }
 
 // readDeadlines gives waits deadlines that pass on a condition, not a

@@ -179,3 +179,58 @@ ORDER BY
     listed.created_at,
     listed.key
 LIMIT @max_rows::integer;
+
+-- name: KeyListByScope :many
+-- KeyListByScope pages through the keys that are not tombstones in scope
+-- order, from after_scope on, on the scope's unique index: a walk of the
+-- whole table, which comparing the keys of two primaries after a failover
+-- makes once. changed_since, when not NULL, keeps only the keys created or
+-- changed at or after it; it filters the rows read.
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    pgonce_key.state::text AS state,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    pgonce_key.attempt,
+    pgonce_key.created_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+    pgonce_key.completed_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+    pgonce_key.lease_until,
+    pgonce_key.last_error,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+FROM /* TEMPLATE: schema */pgonce_key
+WHERE pgonce_key.scope > @after_scope::bytea
+    AND pgonce_key.state <> 'expired'
+    AND (sqlc.narg('changed_since')::timestamptz IS NULL
+        OR coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at) >= sqlc.narg('changed_since')::timestamptz)
+ORDER BY pgonce_key.scope
+LIMIT @max_rows::integer;
+
+-- name: KeyListByKeys :many
+-- KeyListByKeys reads the keys given, each on the key's hash index, with
+-- KeyListByScope's columns; a key the table lacks has no row. Tombstones
+-- are read too.
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    pgonce_key.state::text AS state,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    pgonce_key.attempt,
+    pgonce_key.created_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+    pgonce_key.completed_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+    pgonce_key.lease_until,
+    pgonce_key.last_error,
+    coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
+FROM unnest(@keys::bytea[]) AS wanted (key)
+JOIN /* TEMPLATE: schema */pgonce_key ON pgonce_key.key = wanted.key;

@@ -133,14 +133,19 @@ func (e *env) migratedClient(ctx context.Context) (*conn, *outbox.Client[pgx.Tx]
 // connect opens a pool and checks that the server answers. The schema name
 // is validated first: a bad name is a usage error, whatever the database.
 func (e *env) connect(ctx context.Context) (*conn, error) {
-	if err := validateSchema(e.schema); err != nil {
+	databaseURL, source := e.resolveURL()
+	return e.connectTo(ctx, databaseURL, source, e.schema)
+}
+
+// connectTo is connect to databaseURL, which came from source, with schema.
+func (e *env) connectTo(ctx context.Context, databaseURL, source, schema string) (*conn, error) {
+	if err := validateSchema(schema); err != nil {
 		return nil, err
 	}
 	pooling, err := e.resolvePooling()
 	if err != nil {
 		return nil, err
 	}
-	databaseURL, source := e.resolveURL()
 	config, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, usageErrorf("invalid database URL from %s: %v", source, err)
@@ -166,13 +171,20 @@ func (e *env) connect(ctx context.Context) (*conn, error) {
 		pool.Close()
 		return nil, &unreachableError{url: redact(databaseURL), source: source, err: err}
 	}
-	return &conn{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: e.schema, pooling: pooling}, nil
+	return &conn{pool: pool, db: stdlib.OpenDBFromPool(pool), schema: schema, pooling: pooling}, nil
 }
 
 // connectMigrated is connect, then a read-only check that the schema is
 // migrated to the version this binary knows.
 func (e *env) connectMigrated(ctx context.Context) (*conn, error) {
-	c, err := e.connect(ctx)
+	databaseURL, source := e.resolveURL()
+	return e.connectMigratedTo(ctx, databaseURL, source, e.schema)
+}
+
+// connectMigratedTo is connectMigrated to databaseURL, which came from
+// source, with schema.
+func (e *env) connectMigratedTo(ctx context.Context, databaseURL, source, schema string) (*conn, error) {
+	c, err := e.connectTo(ctx, databaseURL, source, schema)
 	if err != nil {
 		return nil, err
 	}

@@ -37,7 +37,8 @@ const (
 	exitUsage = 2
 	// exitAttention: the command worked and found something an operator
 	// must look at: status --fail-on-stuck found stuck work, reconcile
-	// --fail-on-skipped or --fail-on-stale found rows it left alone.
+	// --fail-on-skipped or --fail-on-stale found rows it left alone,
+	// failover-diff --fail-on-diff found keys that differ.
 	exitAttention = 3
 	// exitNotFound: the key does not exist in the schema.
 	exitNotFound = 4
@@ -85,6 +86,7 @@ func commands() []*command {
 		toolsCommand(),
 		pruneCommand(),
 		reconcileCommand(),
+		failoverDiffCommand(),
 		consoleCommand(),
 		mcpProxyCommand(),
 		demoCommand(),
@@ -172,7 +174,7 @@ Usage:
 Commands:
 `)
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, `
 Global flags (also accepted after the command name):
@@ -185,8 +187,9 @@ Exit codes:
   1  failure: database unreachable, schema not migrated, a database or
      reconcile error, a broken demo invariant
   2  bad flags or arguments; nothing changed
-  3  attention: status --fail-on-stuck found stuck work, or reconcile
-     --fail-on-skipped / --fail-on-stale found rows it left alone
+  3  attention: status --fail-on-stuck found stuck work, reconcile
+     --fail-on-skipped / --fail-on-stale found rows it left alone, or
+     failover-diff --fail-on-diff found keys that differ
   4  key not found
   5  refused: the key's state does not allow the request; nothing changed
 

@@ -355,3 +355,189 @@ func (q *Queries) KeyList(ctx context.Context, db DBTX, arg *KeyListParams) ([]*
 	}
 	return items, nil
 }
+
+const keyListByKeys = `-- name: KeyListByKeys :many
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    pgonce_key.state::text AS state,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    pgonce_key.attempt,
+    pgonce_key.created_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+    pgonce_key.completed_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+    pgonce_key.lease_until,
+    pgonce_key.last_error,
+    coalesce($1::timestamptz, now())::timestamptz AS now
+FROM unnest($2::bytea[]) AS wanted (key)
+JOIN /* TEMPLATE: schema */pgonce_key ON pgonce_key.key = wanted.key
+`
+
+type KeyListByKeysParams struct {
+	Now  *time.Time
+	Keys [][]byte
+}
+
+type KeyListByKeysRow struct {
+	Key         []byte
+	Scope       []byte
+	State       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	Attempt     int32
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	AvailableAt time.Time
+	LeaseUntil  *time.Time
+	LastError   *string
+	Now         time.Time
+}
+
+// KeyListByKeys reads the keys given, each on the key's hash index, with
+// KeyListByScope's columns; a key the table lacks has no row. Tombstones
+// are read too.
+func (q *Queries) KeyListByKeys(ctx context.Context, db DBTX, arg *KeyListByKeysParams) ([]*KeyListByKeysRow, error) {
+	rows, err := db.Query(ctx, keyListByKeys, arg.Now, arg.Keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*KeyListByKeysRow
+	for rows.Next() {
+		var i KeyListByKeysRow
+		if err := rows.Scan(
+			&i.Key,
+			&i.Scope,
+			&i.State,
+			&i.Tenant,
+			&i.RunID,
+			&i.Step,
+			&i.BusinessKey,
+			&i.Tool,
+			&i.Attempt,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.CompletedAt,
+			&i.AvailableAt,
+			&i.LeaseUntil,
+			&i.LastError,
+			&i.Now,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const keyListByScope = `-- name: KeyListByScope :many
+SELECT
+    pgonce_key.key,
+    pgonce_key.scope,
+    pgonce_key.state::text AS state,
+    coalesce(pgonce_key.tenant, '')::text AS tenant,
+    coalesce(pgonce_key.run_id, '')::text AS run_id,
+    coalesce(pgonce_key.step, 0)::bigint AS step,
+    coalesce(pgonce_key.business_key, '')::text AS business_key,
+    coalesce(pgonce_key.tool, '')::text AS tool,
+    pgonce_key.attempt,
+    pgonce_key.created_at,
+    coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at)::timestamptz AS updated_at,
+    pgonce_key.completed_at,
+    coalesce(pgonce_key.available_at, pgonce_key.created_at)::timestamptz AS available_at,
+    pgonce_key.lease_until,
+    pgonce_key.last_error,
+    coalesce($1::timestamptz, now())::timestamptz AS now
+FROM /* TEMPLATE: schema */pgonce_key
+WHERE pgonce_key.scope > $2::bytea
+    AND pgonce_key.state <> 'expired'
+    AND ($3::timestamptz IS NULL
+        OR coalesce(pgonce_key.updated_at, pgonce_key.completed_at, pgonce_key.created_at) >= $3::timestamptz)
+ORDER BY pgonce_key.scope
+LIMIT $4::integer
+`
+
+type KeyListByScopeParams struct {
+	Now          *time.Time
+	AfterScope   []byte
+	ChangedSince *time.Time
+	MaxRows      int32
+}
+
+type KeyListByScopeRow struct {
+	Key         []byte
+	Scope       []byte
+	State       string
+	Tenant      string
+	RunID       string
+	Step        int64
+	BusinessKey string
+	Tool        string
+	Attempt     int32
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	AvailableAt time.Time
+	LeaseUntil  *time.Time
+	LastError   *string
+	Now         time.Time
+}
+
+// KeyListByScope pages through the keys that are not tombstones in scope
+// order, from after_scope on, on the scope's unique index: a walk of the
+// whole table, which comparing the keys of two primaries after a failover
+// makes once. changed_since, when not NULL, keeps only the keys created or
+// changed at or after it; it filters the rows read.
+func (q *Queries) KeyListByScope(ctx context.Context, db DBTX, arg *KeyListByScopeParams) ([]*KeyListByScopeRow, error) {
+	rows, err := db.Query(ctx, keyListByScope,
+		arg.Now,
+		arg.AfterScope,
+		arg.ChangedSince,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*KeyListByScopeRow
+	for rows.Next() {
+		var i KeyListByScopeRow
+		if err := rows.Scan(
+			&i.Key,
+			&i.Scope,
+			&i.State,
+			&i.Tenant,
+			&i.RunID,
+			&i.Step,
+			&i.BusinessKey,
+			&i.Tool,
+			&i.Attempt,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.CompletedAt,
+			&i.AvailableAt,
+			&i.LeaseUntil,
+			&i.LastError,
+			&i.Now,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -381,6 +381,10 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 				key, state, created.Format(time.RFC3339Nano), stopped.Format(time.RFC3339Nano), promoted.Format(time.RFC3339Nano), err)
 		}
 	}
+	if !opts.mode.Synchronous() {
+		stopDispatchers()
+		requireDiffListsLostKeys(checkCtx, t, pair, schema, f)
+	}
 	require.NotZero(t, f.FirstClaim, "no claim on the new primary")
 	require.Zero(t, f.Duplicates[faults.ToolKeyed], "keyed calls are deduplicated by their provider, whatever the store forgot")
 	require.Zero(t, report.Unfinished, "every call the new primary holds finishes")
@@ -394,6 +398,51 @@ func campaign(t *testing.T, opts campaignOpts) *failover.Figures {
 		require.Empty(t, waits.errs, "waits across the failover")
 	}
 	return f
+}
+
+// requireDiffListsLostKeys starts the old primary again, read-only for its
+// clients, and requires [outbox.FailoverDiff] against the promoted standby
+// to list as missing every key the campaign found lost, and at least as
+// many keys as it lost, as many of them acted: the old primary may also
+// hold commits whose acknowledgement never reached their caller.
+func requireDiffListsLostKeys(ctx context.Context, t *testing.T, pair *failover.Pair, schema string, f *failover.Figures) {
+	t.Helper()
+	pair.StartOldPrimary()
+	oldPool, err := pgxpool.New(ctx, pair.Primary.URL()+"&options=-c%20default_transaction_read_only%3Don")
+	require.NoError(t, err)
+	defer oldPool.Close()
+	newPool, err := pgxpool.New(ctx, pair.Standby.URL())
+	require.NoError(t, err)
+	defer newPool.Close()
+	oldClient, err := outbox.NewPgx(oldPool, outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	newClient, err := outbox.NewPgx(newPool, outbox.Config{Schema: schema})
+	require.NoError(t, err)
+
+	missing := map[string]bool{}
+	acted := 0
+	var cursor string
+	for {
+		res, err := outbox.FailoverDiff(ctx, oldClient, newClient, outbox.FailoverDiffParams{Cursor: cursor})
+		require.NoError(t, err)
+		for _, k := range res.Keys {
+			if k.Missing() {
+				missing[string(k.Old.Key)] = true
+				if k.Acted {
+					acted++
+				}
+			}
+		}
+		if cursor = res.Cursor; cursor == "" {
+			break
+		}
+	}
+	t.Logf("failover diff: %d keys missing on the new primary (%d acted), %d lost (%d acted)", len(missing), acted, f.Lost, f.LostActed)
+	require.GreaterOrEqual(t, len(missing), f.Lost, "the diff lists every lost key")
+	require.GreaterOrEqual(t, acted, f.LostActed, "the diff says that every lost key that acted did")
+	for _, key := range f.LostKeys {
+		require.True(t, missing[key], "lost key %s is not in the diff", key)
+	}
 }
 
 // committedByRun counts the history's committed calls per run id.
