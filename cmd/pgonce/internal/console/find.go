@@ -50,7 +50,7 @@ var searchFieldNames = []searchFieldName{
 // window.
 func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	text, tenant, field, window := q.Get("q"), q.Get("tenant"), q.Get("in"), q.Get("window")
+	text, tenant, field, window := queryText(q, "q"), queryText(q, "tenant"), q.Get("in"), q.Get("window")
 	if window == "" {
 		window = "24h"
 	}
@@ -148,7 +148,7 @@ func (h *Handler) bulk(w http.ResponseWriter, r *http.Request) {
 		Problem            string
 		Done               []bulkOutcome
 		Changed            int
-	}{Action: action, By: strings.TrimSpace(r.PostFormValue("by")), Reason: strings.TrimSpace(r.PostFormValue("reason")), Keys: keys}
+	}{Action: action, By: strings.TrimSpace(formText(r, "by")), Reason: strings.TrimSpace(formText(r, "reason")), Keys: keys}
 	if form.By == "" || form.Reason == "" {
 		form.Problem = "Say who you are and why: both are recorded with every key. Nothing was changed."
 		h.render(w, r, http.StatusBadRequest, "bulk", action+" "+fmt.Sprint(len(keys))+" keys", form)
@@ -197,7 +197,7 @@ type bulkOutcome struct {
 // that the operator fills in what the provider did; {} when there is none.
 func (h *Handler) responseTemplate(r *http.Request, in outbox.Inspection) (string, string) {
 	const empty = "{}"
-	none := "No succeeded " + visible(in.Tool) + " call of the last day to take a shape from: write the response the provider gave, or the failure."
+	none := "No succeeded " + in.Tool + " call of the last day to take a shape from: write the response the provider gave, or the failure."
 	if in.Tool == "" {
 		return empty, none
 	}
@@ -224,7 +224,7 @@ func (h *Handler) responseTemplate(r *http.Request, in outbox.Inspection) (strin
 			continue
 		}
 		return string(shape), "Pre-filled with the shape of the response of " + string(sample.Key) + ", a succeeded " +
-			visible(in.Tool) + " call, its values blanked: fill in what the provider did, or write the failure instead."
+			in.Tool + " call, its values blanked: fill in what the provider did, or write the failure instead."
 	}
 	return empty, none
 }
