@@ -39,6 +39,7 @@ type searchFieldName struct {
 var searchFieldNames = []searchFieldName{
 	{"", "anything"},
 	{outbox.SearchArgs, "text in the arguments"},
+	{outbox.SearchMetadata, "text in the metadata"},
 	{outbox.SearchNaturalID, "natural id"},
 	{outbox.SearchBusinessKey, "business key"},
 	{outbox.SearchRunID, "run id"},
@@ -60,7 +61,7 @@ func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !slices.ContainsFunc(searchFieldNames, func(f searchFieldName) bool { return string(f.Field) == field }) {
-		h.refuse(w, r, http.StatusBadRequest, "in: want args, natural_id, business_key, run_id, key or nothing")
+		h.refuse(w, r, http.StatusBadRequest, "in: want args, metadata, natural_id, business_key, run_id, key or nothing")
 		return
 	}
 	for _, f := range [...]struct{ name, value string }{{"q", text}, {"tenant", tenant}} {

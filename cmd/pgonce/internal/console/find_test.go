@@ -83,6 +83,22 @@ func testFind[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.Contains(t, attempts, "attempt 3: 503")
 	})
 
+	t.Run("ATicketInTheMetadataLeadsToItsKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		res := b.do(t, "refund", json.RawMessage(`{"id":"re_1"}`), nil) // metadata ticket OPS-7
+		for _, path := range []string{"/search?q=OPS-7", "/search?q=OPS-7&in=metadata"} {
+			status, page := b.get(t, path)
+			require.Equal(t, http.StatusOK, status, page)
+			require.Contains(t, page, `class="key" href="/keys/`+string(res.Key)+`"`, path)
+			require.Equal(t, 1, strings.Count(page, `class="key" href=`), "%s: one key matches", path)
+			require.Contains(t, page, ">metadata</td>", "%s: matched in the metadata", path)
+		}
+		_, page := b.get(t, "/search?q=OPS-7&in=args")
+		require.Contains(t, page, "No key matches OPS-7", "the arguments do not hold it")
+		require.Contains(t, page, `<option value="metadata">text in the metadata</option>`)
+	})
+
 	t.Run("SucceededKeysAreListedAndSearched", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, driver, console.Config{})
