@@ -9,6 +9,9 @@ func Pages() (map[string]*template.Template, error) {
 	return h.pages, err
 }
 
+// BulkMax is the most keys one bulk action takes.
+const BulkMax = bulkMax
+
 // Visible and FromVisible are the console's rule for shown text.
 var (
 	Visible     = visible

@@ -2,13 +2,17 @@ package console_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"html"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -231,6 +235,26 @@ func testBulk[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.NotNil(t, m, page)
 		return m[1]
 	}
+
+	t.Run("AtMostBulkMaxKeysAnAction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		pending := b.pending(t)
+		keys := []outbox.Key{pending}
+		for i := range console.BulkMax {
+			sum := sha256.Sum256([]byte(strconv.Itoa(i)))
+			keys = append(keys, outbox.Key(outbox.KeyPrefix+hex.EncodeToString(sum[:])))
+		}
+		csrf := csrfOf(t, b)
+		for _, confirm := range []string{"", "yes"} {
+			v := form(csrf, "cancel", keys...)
+			v.Set("confirm", confirm)
+			status, page := b.send(t, http.MethodPost, "/keys/bulk", v, nil)
+			require.Equal(t, http.StatusBadRequest, status, page)
+			require.Contains(t, page, fmt.Sprintf("At most %d keys at once, got %d. Nothing was changed.", console.BulkMax, console.BulkMax+1))
+		}
+		require.Equal(t, outbox.StatePending, b.inspect(t, pending).State, "nothing changed")
+	})
 
 	t.Run("CancelSeveralWithOneReasonEachAudited", func(t *testing.T) {
 		t.Parallel()

@@ -204,3 +204,13 @@ func TestVisibleReadsBack(t *testing.T) {
 		require.Equal(t, s, console.FromVisible(s))
 	}
 }
+
+// TestBulkMaxIsDocumented keeps the console's page of the CLI reference
+// saying how many keys a bulk action takes.
+func TestBulkMaxIsDocumented(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../../../docs/cli.md")
+	require.NoError(t, err)
+	text := strings.Join(strings.Fields(string(doc)), " ")
+	require.Contains(t, text, fmt.Sprintf("One action takes at most %d keys", console.BulkMax))
+}
