@@ -54,19 +54,24 @@ const (
 	// and listed keys: an order id, a customer, an e-mail address, as
 	// JSON spells it (see [SearchParams.Text]).
 	SearchArgs SearchField = "args"
+	// SearchMetadata matches text inside the [Call.Metadata] of recent and
+	// listed keys, its names and values (a ticket, an order number), as
+	// JSON spells it, like [SearchArgs].
+	SearchMetadata SearchField = "metadata"
 )
 
 // searchFields are every [SearchField], in the order their matches are
 // reported.
-var searchFields = []SearchField{SearchKey, SearchNaturalID, SearchBusinessKey, SearchRunID, SearchArgs}
+var searchFields = []SearchField{SearchKey, SearchNaturalID, SearchBusinessKey, SearchRunID, SearchArgs, SearchMetadata}
 
 // SearchParams say what [Client.Search] looks for.
 type SearchParams struct {
 	// Text is what the operator knows: a key or the start of one, a
-	// natural id, a business key, a run id, or text the arguments hold.
-	// In the arguments it is matched as it would be written inside a JSON
-	// string, so 8842 finds {"order":8842} and {"order":"ord_8842"}, and
-	// "ord_8842" (with its quotes) only the latter. Required: at most
+	// natural id, a business key, a run id, or text the arguments or the
+	// metadata hold. In the arguments and the metadata it is matched
+	// literally, as it would be written inside a JSON string, so 8842
+	// finds {"order":8842} and {"order":"ord_8842"}, and "ord_8842" (with
+	// its quotes) only the latter; no character is a wildcard. Required: at most
 	// [CallStringMaxBytes] bytes of valid UTF-8, without NUL bytes.
 	Text string
 	// Fields are what Text is matched against; empty means every
@@ -123,10 +128,11 @@ type SearchResult struct {
 
 // Search finds keys by what an operator knows of a call: its key or the
 // start of one, its natural id, its business key, its run id, or a value
-// in its arguments such as an order id. Whole keys, natural ids and
-// business keys under [SearchParams.Tenant] are found at any age on
-// indexes; prefixes of keys, business keys under any tenant, run ids and
-// text in the arguments are looked for among the keys created in a window
+// in its arguments or its metadata such as an order id or a ticket. Whole
+// keys, natural ids and business keys under [SearchParams.Tenant] are found
+// at any age on indexes; prefixes of keys, business keys under any tenant,
+// run ids and text in the arguments or the metadata are looked for among
+// the keys created in a window
 // of recent time (the last [SearchWindowDefault] unless set), read through
 // the BRIN index on creation time, and among older keys an operator lists
 // (pending, in flight, failed, needs review, cancelled), read on their
@@ -225,7 +231,10 @@ func (c *Client[TTx]) Search(ctx context.Context, params SearchParams) (SearchRe
 	if slices.Contains(fields, SearchArgs) {
 		scan.ArgsNeedle = argsNeedle(text)
 	}
-	if scan.KeyPrefix != "" || scan.BusinessKey != "" || scan.ArgsNeedle != nil {
+	if slices.Contains(fields, SearchMetadata) {
+		scan.MetadataNeedle = metadataNeedle(text)
+	}
+	if scan.KeyPrefix != "" || scan.BusinessKey != "" || scan.ArgsNeedle != nil || scan.MetadataNeedle != nil {
 		rows, err := c.store.Search(ctx, scan)
 		if err != nil {
 			return SearchResult{}, fmt.Errorf("search keys: %w", err)
@@ -240,6 +249,9 @@ func (c *Client[TTx]) Search(ctx context.Context, params SearchParams) (SearchRe
 			}
 			if row.ArgsMatched {
 				found.add(key, SearchArgs)
+			}
+			if row.MetadataMatched {
+				found.add(key, SearchMetadata)
 			}
 		}
 	}
@@ -371,6 +383,25 @@ func argsNeedle(text string) []byte {
 		return []byte(text)
 	}
 	return canonical[1 : len(canonical)-1]
+}
+
+// metadataNeedle returns the bytes text is looked for as in stored
+// metadata, which encodeMetadata writes with encoding/json (which escapes
+// <, >, &, U+2028 and U+2029 too, unlike RFC 8785): text as it writes it
+// inside a string, or, for text that is itself a JSON string in quotes,
+// that string with its quotes.
+func metadataNeedle(text string) []byte {
+	var quoted string
+	if len(text) >= 2 && text[0] == '"' && json.Unmarshal([]byte(text), &quoted) == nil {
+		if encoded, err := json.Marshal(quoted); err == nil {
+			return encoded
+		}
+	}
+	encoded, err := json.Marshal(text)
+	if err != nil || len(encoded) < 2 {
+		return []byte(text)
+	}
+	return encoded[1 : len(encoded)-1]
 }
 
 // businessScope returns the scope of a business-key call with tenant and

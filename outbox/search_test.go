@@ -2,7 +2,10 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/internal/ident"
@@ -91,6 +95,71 @@ func testSearch[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		res, err = b.client.Search(t.Context(), outbox.SearchParams{Text: "8842", CreatedAfter: time.Now().Add(-72 * time.Hour)})
 		require.NoError(t, err)
 		require.Equal(t, []outbox.Key{named.Key, refund.Key}, keysOf(res.Keys), "a wider window")
+	})
+
+	t.Run("ByValueInTheMetadata", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ticket := do(t, b, outbox.Call{
+			RunID: "run-1", Step: 1, Tool: "refund", Args: map[string]any{"order": 1},
+			Metadata: map[string]string{"ticket": "OPS-4471", "note": "<b>refund</b> & more"},
+		})
+		order := do(t, b, outbox.Call{
+			RunID: "run-1", Step: 2, Tool: "refund", Args: map[string]any{"order": 2},
+			Metadata: map[string]string{"order": "ord_4471", "share": "100%", "who": `ana "the ops"`},
+		})
+		near := do(t, b, outbox.Call{
+			RunID: "run-1", Step: 3, Tool: "refund", Args: map[string]any{"order": 3},
+			Metadata: map[string]string{"share": "1000", "ticket": "OPS_4471x"},
+		})
+		do(t, b, outbox.Call{RunID: "run-1", Step: 4, Tool: "refund", Args: map[string]any{"order": 4}})
+
+		search := func(t *testing.T, text string, fields ...outbox.SearchField) outbox.SearchResult {
+			t.Helper()
+			res, err := b.client.Search(t.Context(), outbox.SearchParams{Text: text, Fields: fields})
+			require.NoError(t, err)
+			return res
+		}
+		res := search(t, "4471")
+		require.Equal(t, []outbox.Key{near.Key, order.Key, ticket.Key}, keysOf(res.Keys), "newest first")
+		require.Equal(t, []outbox.SearchField{outbox.SearchMetadata}, res.Keys[0].Matched)
+		res = search(t, "OPS-4471", outbox.SearchMetadata)
+		require.Equal(t, []outbox.Key{ticket.Key}, keysOf(res.Keys))
+		require.Equal(t, []outbox.SearchField{outbox.SearchMetadata}, res.Keys[0].Matched)
+		require.Empty(t, search(t, "OPS-4471", outbox.SearchArgs).Keys, "the arguments do not hold it")
+
+		// Literal: no character is a wildcard, and text is matched as
+		// encoding/json writes the metadata, HTML escapes included.
+		require.Equal(t, []outbox.Key{order.Key}, keysOf(search(t, "100%", outbox.SearchMetadata).Keys))
+		require.Equal(t, []outbox.Key{near.Key}, keysOf(search(t, "OPS_4471", outbox.SearchMetadata).Keys), "_ is no wildcard")
+		require.Empty(t, search(t, "1%0", outbox.SearchMetadata).Keys, "% is no wildcard")
+		require.Equal(t, []outbox.Key{ticket.Key}, keysOf(search(t, "<b>refund</b> & more", outbox.SearchMetadata).Keys))
+		require.Equal(t, []outbox.Key{order.Key}, keysOf(search(t, `ana "the ops"`, outbox.SearchMetadata).Keys))
+		require.Equal(t, []outbox.Key{ticket.Key}, keysOf(search(t, `"OPS-4471"`, outbox.SearchMetadata).Keys), "a quoted string matches a whole string")
+		require.Empty(t, search(t, `"OPS-447"`, outbox.SearchMetadata).Keys)
+
+		// Out of the window, a succeeded key is not read.
+		age(t, b, ticket.Key, 48*time.Hour)
+		require.Empty(t, search(t, "OPS-4471").Keys)
+		res, err := b.client.Search(t.Context(), outbox.SearchParams{Text: "OPS-4471", CreatedAfter: time.Now().Add(-72 * time.Hour)})
+		require.NoError(t, err)
+		require.Equal(t, []outbox.Key{ticket.Key}, keysOf(res.Keys), "a wider window")
+	})
+
+	t.Run("OlderListedKeysAreSearchedByMetadataWhateverTheWindow", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		res, err := b.client.Submit(t.Context(), outbox.Call{
+			RunID: "run-1", Step: 1, Tool: "refund", Args: map[string]any{"order": 1},
+			Metadata: map[string]string{"ticket": "OPS-4471"},
+		})
+		require.NoError(t, err)
+		age(t, b, res.Key, 30*24*time.Hour)
+		found, err := b.client.Search(t.Context(), outbox.SearchParams{Text: "OPS-4471"})
+		require.NoError(t, err)
+		require.Equal(t, []outbox.Key{res.Key}, keysOf(found.Keys))
+		require.Equal(t, outbox.StatePending, found.Keys[0].State)
+		require.Equal(t, []outbox.SearchField{outbox.SearchMetadata}, found.Keys[0].Matched)
 	})
 
 	t.Run("OlderListedKeysAreSearchedWhateverTheWindow", func(t *testing.T) {
@@ -321,5 +390,75 @@ func testListWindow[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 
 		_, err = client.CountCreated(t.Context(), outbox.CountCreatedParams{})
 		require.ErrorIs(t, err, outbox.ErrInvalidParams)
+	})
+}
+
+// TestSearchPlanAtOneMillionKeys builds a key table of a million keys by
+// SQL, one created a second over 11.6 days (see fillKeys), gives three of
+// them a ticket in their metadata (one of the last day, one older and
+// pending, one older and succeeded), and shows that a search of the
+// metadata finds the first two without reading the table whole, on both
+// drivers: the statement reads the last day through the BRIN index on
+// created_at and the older keys through pgonce_key_list_idx, with no
+// sequential scan of pgonce_key in the plan a one-off statement gets nor in
+// the generic plan a cached prepared statement may switch to.
+func TestSearchPlanAtOneMillionKeys(t *testing.T) {
+	t.Parallel()
+	schema := pgoncetest.Schema(t)
+	// The test's context lasts until its parallel subtests end; no
+	// deadline of its own, which a busy machine would overrun.
+	ctx := t.Context()
+	const n = 1000000
+	fillKeys(t, ctx, schema, n)
+	// keyOf is the key fillKeys gives its i-th row.
+	keyOf := func(i int64) outbox.Key {
+		sum := sha256.Sum256(binary.BigEndian.AppendUint64(nil, uint64(i))) //nolint:gosec // a positive row number
+		return outbox.Key(outbox.KeyPrefix + hex.EncodeToString(sum[:]))
+	}
+	recent, olderPending, olderSucceeded := int64(n-10), int64(n/2+2), int64(n/2+300)
+	for _, i := range []int64{recent, olderPending, olderSucceeded} {
+		tag, err := pgoncetest.Pool(t).Exec(ctx, `UPDATE `+ident.Quote(schema)+`.pgonce_key
+			SET metadata = convert_to('{"ticket":"OPS-4471"}', 'UTF8') WHERE key = sha256(int8send($1::bigint))`, i)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), tag.RowsAffected())
+	}
+	registry := outbox.NewRegistry()
+	require.NoError(t, registry.Register("refund", &recordingProvider{}, outbox.IdempotentByKey))
+
+	check := func(t *testing.T, traced *pgxpool.Pool, tracer *statsTracer, searchFunc func(outbox.SearchParams) (outbox.SearchResult, error)) {
+		t.Helper()
+		for _, fields := range [][]outbox.SearchField{{outbox.SearchMetadata}, nil} {
+			tracer.reset()
+			res, err := searchFunc(outbox.SearchParams{Text: "OPS-4471", Fields: fields})
+			require.NoError(t, err)
+			ran := tracer.reset()
+			require.Len(t, res.Keys, 2, "the key of the last day and the older pending one, not the older succeeded one")
+			require.Equal(t, keyOf(recent), res.Keys[0].Key)
+			require.Equal(t, keyOf(olderPending), res.Keys[1].Key)
+			for _, key := range res.Keys {
+				require.Equal(t, []outbox.SearchField{outbox.SearchMetadata}, key.Matched)
+			}
+			statement, ok := ran["KeySearch"]
+			require.True(t, ok, "the search ran KeySearch")
+			oneOff, generic := explainBoth(t, ctx, traced, statement)
+			for _, plan := range []struct{ kind, text string }{{"one-off plan", oneOff}, {"generic plan", generic}} {
+				t.Logf("KeySearch, fields %v (%s):\n%s", fields, plan.kind, plan.text)
+				require.NotContains(t, plan.text, "Seq Scan on pgonce_key", plan.kind)
+				require.Contains(t, plan.text, "pgonce_key_created_at_idx", plan.kind)
+				require.Contains(t, plan.text, "pgonce_key_list_idx", plan.kind)
+			}
+		}
+	}
+	t.Run(drivertest.NamePgx, func(t *testing.T) {
+		t.Parallel()
+		traced, tracer := tracedPool(t, ctx)
+		client := drivertest.Pgx().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
+		check(t, traced, tracer, func(p outbox.SearchParams) (outbox.SearchResult, error) { return client.Search(ctx, p) })
+	})
+	t.Run(drivertest.NameDatabaseSQL, func(t *testing.T) {
+		t.Parallel()
+		traced, tracer := tracedPool(t, ctx)
+		client := drivertest.DatabaseSQL().ClientOver(t, traced, outbox.Config{Schema: schema, Registry: registry})
+		check(t, traced, tracer, func(p outbox.SearchParams) (outbox.SearchResult, error) { return client.Search(ctx, p) })
 	})
 }

@@ -19,8 +19,10 @@ WHERE pgonce_key.key = @key::bytea;
 -- KeySearch finds keys created in [since, before) (the window), and keys
 -- older than the window that an operator lists, whose business key or
 -- natural id is the given one, whose key's hex digits begin with
--- key_prefix, or whose canonical arguments contain args_needle; an empty
--- criterion matches nothing. tenant, when not NULL, keeps only its keys.
+-- key_prefix, whose canonical arguments contain args_needle, or whose
+-- metadata (a JSON object as encoding/json writes it) contains
+-- metadata_needle; an empty criterion matches nothing. Bytes are matched
+-- with position, never LIKE, so that no byte of a needle is a wildcard. tenant, when not NULL, keeps only its keys.
 -- Newest first, up to max_rows. The two parts read disjoint keys (the
 -- window's, the older listable ones), so no key is found twice.
 SELECT
@@ -42,6 +44,7 @@ SELECT
     substring(found.args FROM 1 FOR @args_bytes::integer)::bytea AS args_head,
     coalesce(octet_length(found.args), 0)::integer AS args_size,
     coalesce(octet_length(@args_needle::bytea) > 0 AND position(@args_needle::bytea IN found.args) > 0, false)::boolean AS args_matched,
+    coalesce(octet_length(@metadata_needle::bytea) > 0 AND position(@metadata_needle::bytea IN found.metadata) > 0, false)::boolean AS metadata_matched,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM (
     SELECT
@@ -60,7 +63,8 @@ FROM (
         recent.available_at,
         recent.lease_until,
         recent.last_error,
-        recent.args
+        recent.args,
+        recent.metadata
     FROM /* TEMPLATE: schema */pgonce_key AS recent
     WHERE recent.created_at >= @since::timestamptz
         AND recent.created_at < coalesce(sqlc.narg('before')::timestamptz, 'infinity'::timestamptz)
@@ -82,7 +86,8 @@ FROM (
         listed.available_at,
         listed.lease_until,
         listed.last_error,
-        listed.args
+        listed.args,
+        listed.metadata
     FROM /* TEMPLATE: schema */pgonce_key AS listed
     -- The list index's predicate, spelled as it is.
     WHERE listed.state NOT IN ('succeeded', 'expired')
@@ -94,6 +99,7 @@ WHERE (sqlc.narg('tenant')::text IS NULL OR coalesce(found.tenant, '') = sqlc.na
         OR (@natural_id::text <> '' AND found.natural_id = @natural_id::text)
         OR (@key_prefix::text <> '' AND encode(found.key, 'hex') LIKE @key_prefix::text || '%')
         OR (octet_length(@args_needle::bytea) > 0 AND position(@args_needle::bytea IN found.args) > 0)
+        OR (octet_length(@metadata_needle::bytea) > 0 AND position(@metadata_needle::bytea IN found.metadata) > 0)
     )
 ORDER BY
     found.created_at DESC,

@@ -30,14 +30,16 @@ the last line gives the --cursor of the next page.
   pgonce list --state succeeded --tool refund --since 1h
 
 --find finds keys by what you know of a call instead: an order id or any
-text in its arguments, its natural id, its business key (under --tenant,
-at any age), its run id (the tenants that have such a run are printed), or
-its key or the start of one. Text in the arguments, key prefixes, business
-keys under any tenant and run ids are looked for among the keys created
-since --since (default 24h) and older keys an operator acts on; --in
-narrows the search to one of args, natural_id, business_key, run_id, key.
+text in its arguments or its metadata, its natural id, its business key
+(under --tenant, at any age), its run id (the tenants that have such a run
+are printed), or its key or the start of one. Text in the arguments or the
+metadata, key prefixes, business keys under any tenant and run ids are
+looked for among the keys created since --since (default 24h) and older
+keys an operator acts on; --in narrows the search to one of args,
+metadata, natural_id, business_key, run_id, key.
 
   pgonce list --find 8842
+  pgonce list --find OPS-4471 --in metadata
   pgonce list --find refund-order-8842 --tenant globex
 
 --since and --until take RFC 3339 times, or a duration back from now
@@ -51,8 +53,8 @@ narrows the search to one of args, natural_id, business_key, run_id, key.
 			until := fs.String("until", "", "only keys created before this time (RFC 3339, or a duration ago)")
 			limit := fs.Int("limit", outbox.ListLimitDefault, fmt.Sprintf("keys per page, 1 to %d", outbox.ListLimitMax))
 			cursor := fs.String("cursor", "", "continue from a page's cursor")
-			find := fs.String("find", "", "find keys by an order id or other text in the arguments, a natural id, a business key, a run id or a key")
-			in := fs.String("in", "", "with --find: search only args, natural_id, business_key, run_id or key")
+			find := fs.String("find", "", "find keys by an order id or other text in the arguments or the metadata, a natural id, a business key, a run id or a key")
+			in := fs.String("in", "", "with --find: search only args, metadata, natural_id, business_key, run_id or key")
 			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 0 {

@@ -165,6 +165,7 @@ func TestListFind(t *testing.T) {
 		f := newFixture(t)
 		call := f.call("refund")
 		call.Tenant, call.Args = "globex", map[string]any{"order": 7731, "customer": "cus_5521"}
+		call.Metadata = map[string]string{"ticket": "OPS-4471"}
 		res, err := f.client.Do(t.Context(), call, nil)
 		require.NoError(t, err)
 		f.succeeded(t, "refund", `{}`)
@@ -187,6 +188,18 @@ func TestListFind(t *testing.T) {
 		require.Equal(t, string(res.Key), key["key"])
 		require.Equal(t, []any{"args"}, key["matched"])
 		require.Contains(t, key["args_head"], `"order":7731`)
+
+		for _, args := range [][]string{{"--find", "OPS-4471", "--json"}, {"--find", "OPS-4471", "--in", "metadata", "--json"}} {
+			out = pgonce(t, append([]string{"--schema", f.schema, "list"}, args...)...)
+			require.Equal(t, exitOK, out.code, out.stderr)
+			keys, ok = decodeJSON(t, out.stdout)["keys"].([]any)
+			require.True(t, ok, out.stdout)
+			require.Len(t, keys, 1, "%v", args)
+			key, ok = keys[0].(map[string]any)
+			require.True(t, ok)
+			require.Equal(t, string(res.Key), key["key"])
+			require.Equal(t, []any{"metadata"}, key["matched"], "%v", args)
+		}
 
 		out = pgonce(t, "--schema", f.schema, "list", "--find", "cli-test", "--in", "run_id")
 		require.Equal(t, exitOK, out.code, out.stderr)

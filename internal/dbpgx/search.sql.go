@@ -256,7 +256,8 @@ SELECT
     substring(found.args FROM 1 FOR $1::integer)::bytea AS args_head,
     coalesce(octet_length(found.args), 0)::integer AS args_size,
     coalesce(octet_length($2::bytea) > 0 AND position($2::bytea IN found.args) > 0, false)::boolean AS args_matched,
-    coalesce($3::timestamptz, now())::timestamptz AS now
+    coalesce(octet_length($3::bytea) > 0 AND position($3::bytea IN found.metadata) > 0, false)::boolean AS metadata_matched,
+    coalesce($4::timestamptz, now())::timestamptz AS now
 FROM (
     SELECT
         recent.key,
@@ -274,10 +275,11 @@ FROM (
         recent.available_at,
         recent.lease_until,
         recent.last_error,
-        recent.args
+        recent.args,
+        recent.metadata
     FROM /* TEMPLATE: schema */pgonce_key AS recent
-    WHERE recent.created_at >= $4::timestamptz
-        AND recent.created_at < coalesce($5::timestamptz, 'infinity'::timestamptz)
+    WHERE recent.created_at >= $5::timestamptz
+        AND recent.created_at < coalesce($6::timestamptz, 'infinity'::timestamptz)
         AND recent.state <> 'expired'
     UNION ALL
     SELECT
@@ -296,71 +298,78 @@ FROM (
         listed.available_at,
         listed.lease_until,
         listed.last_error,
-        listed.args
+        listed.args,
+        listed.metadata
     FROM /* TEMPLATE: schema */pgonce_key AS listed
     -- The list index's predicate, spelled as it is.
     WHERE listed.state NOT IN ('succeeded', 'expired')
-        AND listed.created_at < $4::timestamptz
+        AND listed.created_at < $5::timestamptz
 ) AS found
-WHERE ($6::text IS NULL OR coalesce(found.tenant, '') = $6::text)
+WHERE ($7::text IS NULL OR coalesce(found.tenant, '') = $7::text)
     AND (
-        ($7::text <> '' AND found.business_key = $7::text)
-        OR ($8::text <> '' AND found.natural_id = $8::text)
-        OR ($9::text <> '' AND encode(found.key, 'hex') LIKE $9::text || '%')
+        ($8::text <> '' AND found.business_key = $8::text)
+        OR ($9::text <> '' AND found.natural_id = $9::text)
+        OR ($10::text <> '' AND encode(found.key, 'hex') LIKE $10::text || '%')
         OR (octet_length($2::bytea) > 0 AND position($2::bytea IN found.args) > 0)
+        OR (octet_length($3::bytea) > 0 AND position($3::bytea IN found.metadata) > 0)
     )
 ORDER BY
     found.created_at DESC,
     found.key DESC
-LIMIT $10::integer
+LIMIT $11::integer
 `
 
 type KeySearchParams struct {
-	ArgsBytes   int32
-	ArgsNeedle  []byte
-	Now         *time.Time
-	Since       time.Time
-	Before      *time.Time
-	Tenant      *string
-	BusinessKey string
-	NaturalID   string
-	KeyPrefix   string
-	MaxRows     int32
+	ArgsBytes      int32
+	ArgsNeedle     []byte
+	MetadataNeedle []byte
+	Now            *time.Time
+	Since          time.Time
+	Before         *time.Time
+	Tenant         *string
+	BusinessKey    string
+	NaturalID      string
+	KeyPrefix      string
+	MaxRows        int32
 }
 
 type KeySearchRow struct {
-	Key         []byte
-	State       string
-	Tenant      string
-	RunID       string
-	Step        int64
-	BusinessKey string
-	Tool        string
-	NaturalID   string
-	Attempt     int32
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	CompletedAt *time.Time
-	AvailableAt time.Time
-	LeaseUntil  *time.Time
-	LastError   *string
-	ArgsHead    []byte
-	ArgsSize    int32
-	ArgsMatched bool
-	Now         time.Time
+	Key             []byte
+	State           string
+	Tenant          string
+	RunID           string
+	Step            int64
+	BusinessKey     string
+	Tool            string
+	NaturalID       string
+	Attempt         int32
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	CompletedAt     *time.Time
+	AvailableAt     time.Time
+	LeaseUntil      *time.Time
+	LastError       *string
+	ArgsHead        []byte
+	ArgsSize        int32
+	ArgsMatched     bool
+	MetadataMatched bool
+	Now             time.Time
 }
 
 // KeySearch finds keys created in [since, before) (the window), and keys
 // older than the window that an operator lists, whose business key or
 // natural id is the given one, whose key's hex digits begin with
-// key_prefix, or whose canonical arguments contain args_needle; an empty
-// criterion matches nothing. tenant, when not NULL, keeps only its keys.
+// key_prefix, whose canonical arguments contain args_needle, or whose
+// metadata (a JSON object as encoding/json writes it) contains
+// metadata_needle; an empty criterion matches nothing. Bytes are matched
+// with position, never LIKE, so that no byte of a needle is a wildcard. tenant, when not NULL, keeps only its keys.
 // Newest first, up to max_rows. The two parts read disjoint keys (the
 // window's, the older listable ones), so no key is found twice.
 func (q *Queries) KeySearch(ctx context.Context, db DBTX, arg *KeySearchParams) ([]*KeySearchRow, error) {
 	rows, err := db.Query(ctx, keySearch,
 		arg.ArgsBytes,
 		arg.ArgsNeedle,
+		arg.MetadataNeedle,
 		arg.Now,
 		arg.Since,
 		arg.Before,
@@ -396,6 +405,7 @@ func (q *Queries) KeySearch(ctx context.Context, db DBTX, arg *KeySearchParams) 
 			&i.ArgsHead,
 			&i.ArgsSize,
 			&i.ArgsMatched,
+			&i.MetadataMatched,
 			&i.Now,
 		); err != nil {
 			return nil, err

@@ -61,6 +61,9 @@ type ListedKey struct {
 	ArgsSize int
 	// ArgsMatched reports that a search found its text in the arguments.
 	ArgsMatched bool
+	// MetadataMatched reports that a search found its text in the
+	// metadata.
+	MetadataMatched bool
 	// Now is the database's clock at the read.
 	Now time.Time
 }

@@ -58,6 +58,8 @@ type SearchParams struct {
 	KeyPrefix string
 	// ArgsNeedle is bytes the canonical arguments contain.
 	ArgsNeedle []byte
+	// MetadataNeedle is bytes the stored metadata contains.
+	MetadataNeedle []byte
 	// Tenant, when not nil, keeps only that tenant's keys ("" for none).
 	Tenant    *string
 	Since     time.Time
@@ -70,19 +72,23 @@ type SearchParams struct {
 // Search finds keys by p, newest first.
 func (s *Store) Search(ctx context.Context, p *SearchParams) ([]*ListedKey, error) {
 	params := &dbpgx.KeySearchParams{
-		ArgsBytes:   int32(p.ArgsBytes), //nolint:gosec // a small constant
-		ArgsNeedle:  p.ArgsNeedle,
-		Now:         p.Now,
-		Since:       p.Since,
-		Before:      p.Before,
-		Tenant:      p.Tenant,
-		BusinessKey: p.BusinessKey,
-		NaturalID:   p.NaturalID,
-		KeyPrefix:   p.KeyPrefix,
-		MaxRows:     int32(p.Max), //nolint:gosec // bounded by the caller
+		ArgsBytes:      int32(p.ArgsBytes), //nolint:gosec // a small constant
+		ArgsNeedle:     p.ArgsNeedle,
+		MetadataNeedle: p.MetadataNeedle,
+		Now:            p.Now,
+		Since:          p.Since,
+		Before:         p.Before,
+		Tenant:         p.Tenant,
+		BusinessKey:    p.BusinessKey,
+		NaturalID:      p.NaturalID,
+		KeyPrefix:      p.KeyPrefix,
+		MaxRows:        int32(p.Max), //nolint:gosec // bounded by the caller
 	}
 	if params.ArgsNeedle == nil {
 		params.ArgsNeedle = []byte{}
+	}
+	if params.MetadataNeedle == nil {
+		params.MetadataNeedle = []byte{}
 	}
 	var found []*ListedKey
 	err := s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
@@ -93,7 +99,8 @@ func (s *Store) Search(ctx context.Context, p *SearchParams) ([]*ListedKey, erro
 				BusinessKey: row.BusinessKey, Tool: row.Tool, NaturalID: row.NaturalID, Attempt: int(row.Attempt),
 				CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt, CompletedAt: row.CompletedAt,
 				AvailableAt: row.AvailableAt, LeaseUntil: row.LeaseUntil, LastError: row.LastError,
-				ArgsHead: row.ArgsHead, ArgsSize: int(row.ArgsSize), ArgsMatched: row.ArgsMatched, Now: row.Now,
+				ArgsHead: row.ArgsHead, ArgsSize: int(row.ArgsSize), ArgsMatched: row.ArgsMatched,
+				MetadataMatched: row.MetadataMatched, Now: row.Now,
 			})
 		}
 		return err

@@ -4,8 +4,9 @@
 // runs, one key with its attempts), with actions on one key or many that
 // are POSTs behind a CSRF token, a strict Content-Security-Policy and, off
 // loopback, an access token, traded once for an expiring session cookie
-// that holds an HMAC, never the token. Pages show stored data with its
-// Unicode bidi controls made visible; bad filters are 400s, and a server
+// that holds an HMAC, never the token. Pages show stored and requested
+// text, form inputs included, with its bidi, zero-width and other hidden
+// characters written out (⟨U+202E⟩); bad filters are 400s, and a server
 // error's text stays in the log.
 package console
 

@@ -36,19 +36,54 @@ const testToken = "0123456789abcdef-console-token"
 // bidi holds every Unicode bidi control.
 const bidi = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
-// formValues matches what a page gives back to the console when a form is
-// sent: input values and textarea contents, which stay as they are.
-var formValues = regexp.MustCompile(`(?s) value="[^"]*"|<textarea[^>]*>.*?</textarea>`)
-
-// requireNoRawBidi fails t when page shows a bidi control raw anywhere
-// but in a form's values.
+// requireNoRawBidi fails t when page shows a character the console writes
+// out (a bidi or zero-width control, another format or control
+// character) raw anywhere: in its text, an attribute, an input's value or
+// a text area.
 func requireNoRawBidi(t *testing.T, path, page string) {
 	t.Helper()
-	shown := formValues.ReplaceAllString(page, "")
-	i := strings.IndexFunc(shown, func(c rune) bool { return unicode.Is(unicode.Bidi_Control, c) })
+	i := strings.IndexFunc(page, func(c rune) bool {
+		return c != '\t' && c != '\n' && c != '\r' && (unicode.Is(unicode.Cf, c) || unicode.IsControl(c))
+	})
 	if i >= 0 {
-		require.FailNow(t, "a bidi control is shown raw", "%s: %q", path, shown[max(0, i-60):min(len(shown), i+60)])
+		require.FailNow(t, "a hidden character is shown raw", "%s: %q", path, page[max(0, i-60):min(len(page), i+60)])
 	}
+}
+
+// formFields matches a page's text inputs and text areas: the name and the
+// value each shows.
+var formFields = regexp.MustCompile(`(?s)<input ([^>]*)>|<textarea [^>]*name="([^"]*)"[^>]*>(.*?)</textarea>`)
+
+var (
+	attrName  = regexp.MustCompile(`\bname="([^"]*)"`)
+	attrValue = regexp.MustCompile(`\bvalue="([^"]*)"`)
+	attrType  = regexp.MustCompile(`\btype="([^"]*)"`)
+)
+
+// textFields returns the values a page's text inputs and text areas show,
+// by name, unescaped; hidden inputs, check boxes and radio buttons are
+// left out.
+func textFields(page string) map[string][]string {
+	fields := map[string][]string{}
+	for _, m := range formFields.FindAllStringSubmatch(page, -1) {
+		if m[1] == "" {
+			fields[m[2]] = append(fields[m[2]], html.UnescapeString(m[3]))
+			continue
+		}
+		if typ := attrType.FindStringSubmatch(m[1]); typ != nil && typ[1] != "text" && typ[1] != "search" {
+			continue
+		}
+		name, value := attrName.FindStringSubmatch(m[1]), attrValue.FindStringSubmatch(m[1])
+		if name == nil {
+			continue
+		}
+		v := ""
+		if value != nil {
+			v = html.UnescapeString(value[1])
+		}
+		fields[name[1]] = append(fields[name[1]], v)
+	}
+	return fields
 }
 
 func TestEdges(t *testing.T) {
@@ -132,6 +167,83 @@ func testEdges[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		// A malformed filter is echoed in the error page visibly too.
 		_, page = b.get(t, "/keys?cursor="+url.QueryEscape("x\u202ey"))
 		requireNoRawBidi(t, "bad cursor", page)
+	})
+
+	t.Run("RequestTextShownVisiblyInEveryInput", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		const typed, shown = "ord\u202e\u200b42", "ord⟨U+202E⟩⟨U+200B⟩42"
+		review := b.needsReview(t)
+		call := b.call("refund")
+		call.Args = map[string]any{"order": typed}
+		pending, err := b.client.Submit(t.Context(), call)
+		require.NoError(t, err)
+
+		// check fails t when the page shows a hidden character raw, or
+		// unless each of its text inputs and text areas named want shows
+		// what was typed visibly.
+		check := func(t *testing.T, what string, page string, want ...string) {
+			t.Helper()
+			requireNoRawBidi(t, what, page)
+			fields := textFields(page)
+			for _, name := range want {
+				require.NotEmpty(t, fields[name], "%s: the page has a %s field", what, name)
+				for _, value := range fields[name] {
+					require.Equal(t, shown, value, "%s: field %s", what, name)
+				}
+			}
+		}
+		q := url.QueryEscape(typed)
+		for path, want := range map[string][]string{
+			"/?q=" + q:                        {"q"},
+			"/search?q=" + q + "&tenant=" + q: {"q", "tenant"},
+			"/keys?tool=" + q + "&tenant=" + q + "&run=" + q + "&q=" + q: {"q", "tool", "tenant", "run"},
+			"/run?run=" + q + "&tenant=" + q + "&q=" + q:                 {"q"},
+			"/keys/" + string(review) + "?q=" + q:                        {"q"},
+			"/keys/" + string(review) + "/resolve?q=" + q:                {"q"},
+			"/tools/refund/pause?q=" + q:                                 {"q"},
+		} {
+			status, page := b.get(t, path)
+			require.Equal(t, http.StatusOK, status, "%s: %s", path, page)
+			check(t, path, page, want...)
+		}
+
+		// Forms shown again: a resolution whose body is no JSON, a bulk
+		// action's review, a pause without a reason or a name.
+		csrf := b.confirm(t, review, "resolve")
+		status, page := b.send(t, http.MethodPost, "/keys/"+string(review)+"/resolve", url.Values{
+			"csrf": {csrf}, "outcome": {"succeeded"}, "body": {typed}, "by": {typed}, "reason": {typed},
+		}, nil)
+		require.Equal(t, http.StatusBadRequest, status, page)
+		check(t, "resolve", page, "body", "by", "reason")
+		require.Equal(t, outbox.StateNeedsReview, b.inspect(t, review).State, "nothing changed")
+		bulk := url.Values{"csrf": {csrf}, "action": {"cancel"}, "key": {string(pending.Key)}, "by": {typed}, "reason": {typed}}
+		status, page = b.send(t, http.MethodPost, "/keys/bulk", bulk, nil)
+		require.Equal(t, http.StatusOK, status, page)
+		check(t, "bulk", page, "by", "reason")
+		for _, field := range []string{"by", "reason"} {
+			form := url.Values{"csrf": {csrf}, field: {typed}}
+			status, page = b.send(t, http.MethodPost, "/tools/refund/pause", form, nil)
+			require.Equal(t, http.StatusBadRequest, status, page)
+			check(t, "pause", page, field)
+		}
+
+		// What a page shows, sent back, means what was typed: the search
+		// finds the key by its arguments, and the bulk action records the
+		// name and reason as typed.
+		status, page = b.get(t, "/search?q="+url.QueryEscape(shown))
+		require.Equal(t, http.StatusOK, status, page)
+		require.Contains(t, page, string(pending.Key), "the search box's text finds what the typed text found")
+		bulk.Set("by", shown)
+		bulk.Set("reason", shown)
+		bulk.Set("confirm", "yes")
+		status, page = b.send(t, http.MethodPost, "/keys/bulk", bulk, nil)
+		require.Equal(t, http.StatusOK, status, page)
+		in := b.inspect(t, pending.Key)
+		require.Equal(t, outbox.StateCancelled, in.State)
+		require.Len(t, in.Resolutions, 1)
+		require.Equal(t, typed, in.Resolutions[0].By)
+		require.Equal(t, typed, in.Resolutions[0].Reason)
 	})
 
 	t.Run("BadListFiltersAre400WithoutDatabaseText", func(t *testing.T) {

@@ -39,6 +39,7 @@ type searchFieldName struct {
 var searchFieldNames = []searchFieldName{
 	{"", "anything"},
 	{outbox.SearchArgs, "text in the arguments"},
+	{outbox.SearchMetadata, "text in the metadata"},
 	{outbox.SearchNaturalID, "natural id"},
 	{outbox.SearchBusinessKey, "business key"},
 	{outbox.SearchRunID, "run id"},
@@ -50,7 +51,7 @@ var searchFieldNames = []searchFieldName{
 // window.
 func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	text, tenant, field, window := q.Get("q"), q.Get("tenant"), q.Get("in"), q.Get("window")
+	text, tenant, field, window := queryText(q, "q"), queryText(q, "tenant"), q.Get("in"), q.Get("window")
 	if window == "" {
 		window = "24h"
 	}
@@ -60,7 +61,7 @@ func (h *Handler) search(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !slices.ContainsFunc(searchFieldNames, func(f searchFieldName) bool { return string(f.Field) == field }) {
-		h.refuse(w, r, http.StatusBadRequest, "in: want args, natural_id, business_key, run_id, key or nothing")
+		h.refuse(w, r, http.StatusBadRequest, "in: want args, metadata, natural_id, business_key, run_id, key or nothing")
 		return
 	}
 	for _, f := range [...]struct{ name, value string }{{"q", text}, {"tenant", tenant}} {
@@ -148,7 +149,7 @@ func (h *Handler) bulk(w http.ResponseWriter, r *http.Request) {
 		Problem            string
 		Done               []bulkOutcome
 		Changed            int
-	}{Action: action, By: strings.TrimSpace(r.PostFormValue("by")), Reason: strings.TrimSpace(r.PostFormValue("reason")), Keys: keys}
+	}{Action: action, By: strings.TrimSpace(formText(r, "by")), Reason: strings.TrimSpace(formText(r, "reason")), Keys: keys}
 	if form.By == "" || form.Reason == "" {
 		form.Problem = "Say who you are and why: both are recorded with every key. Nothing was changed."
 		h.render(w, r, http.StatusBadRequest, "bulk", action+" "+fmt.Sprint(len(keys))+" keys", form)
@@ -197,7 +198,7 @@ type bulkOutcome struct {
 // that the operator fills in what the provider did; {} when there is none.
 func (h *Handler) responseTemplate(r *http.Request, in outbox.Inspection) (string, string) {
 	const empty = "{}"
-	none := "No succeeded " + visible(in.Tool) + " call of the last day to take a shape from: write the response the provider gave, or the failure."
+	none := "No succeeded " + in.Tool + " call of the last day to take a shape from: write the response the provider gave, or the failure."
 	if in.Tool == "" {
 		return empty, none
 	}
@@ -224,7 +225,7 @@ func (h *Handler) responseTemplate(r *http.Request, in outbox.Inspection) (strin
 			continue
 		}
 		return string(shape), "Pre-filled with the shape of the response of " + string(sample.Key) + ", a succeeded " +
-			visible(in.Tool) + " call, its values blanked: fill in what the provider did, or write the failure instead."
+			in.Tool + " call, its values blanked: fill in what the provider did, or write the failure instead."
 	}
 	return empty, none
 }

@@ -2,13 +2,17 @@ package console_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"html"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +85,22 @@ func testFind[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		}
 		require.Contains(t, attempts, "attempt 1: 503")
 		require.Contains(t, attempts, "attempt 3: 503")
+	})
+
+	t.Run("ATicketInTheMetadataLeadsToItsKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		res := b.do(t, "refund", json.RawMessage(`{"id":"re_1"}`), nil) // metadata ticket OPS-7
+		for _, path := range []string{"/search?q=OPS-7", "/search?q=OPS-7&in=metadata"} {
+			status, page := b.get(t, path)
+			require.Equal(t, http.StatusOK, status, page)
+			require.Contains(t, page, `class="key" href="/keys/`+string(res.Key)+`"`, path)
+			require.Equal(t, 1, strings.Count(page, `class="key" href=`), "%s: one key matches", path)
+			require.Contains(t, page, ">metadata</td>", "%s: matched in the metadata", path)
+		}
+		_, page := b.get(t, "/search?q=OPS-7&in=args")
+		require.Contains(t, page, "No key matches OPS-7", "the arguments do not hold it")
+		require.Contains(t, page, `<option value="metadata">text in the metadata</option>`)
 	})
 
 	t.Run("SucceededKeysAreListedAndSearched", func(t *testing.T) {
@@ -215,6 +235,26 @@ func testBulk[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		require.NotNil(t, m, page)
 		return m[1]
 	}
+
+	t.Run("AtMostBulkMaxKeysAnAction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, driver, console.Config{})
+		pending := b.pending(t)
+		keys := []outbox.Key{pending}
+		for i := range console.BulkMax {
+			sum := sha256.Sum256([]byte(strconv.Itoa(i)))
+			keys = append(keys, outbox.Key(outbox.KeyPrefix+hex.EncodeToString(sum[:])))
+		}
+		csrf := csrfOf(t, b)
+		for _, confirm := range []string{"", "yes"} {
+			v := form(csrf, "cancel", keys...)
+			v.Set("confirm", confirm)
+			status, page := b.send(t, http.MethodPost, "/keys/bulk", v, nil)
+			require.Equal(t, http.StatusBadRequest, status, page)
+			require.Contains(t, page, fmt.Sprintf("At most %d keys at once, got %d. Nothing was changed.", console.BulkMax, console.BulkMax+1))
+		}
+		require.Equal(t, outbox.StatePending, b.inspect(t, pending).State, "nothing changed")
+	})
 
 	t.Run("CancelSeveralWithOneReasonEachAudited", func(t *testing.T) {
 		t.Parallel()

@@ -32,11 +32,11 @@ func newBody(key outbox.Key, part string, raw []byte) *body {
 	if len(shown) > displayMax {
 		shown, b.Truncated = shown[:displayMax], true
 	}
-	b.Shown = visible(strings.ToValidUTF8(string(shown), "\uFFFD"))
+	b.Shown = strings.ToValidUTF8(string(shown), "\uFFFD")
 	if len(raw) <= prettyMax && json.Valid(raw) {
 		var out bytes.Buffer
 		if json.Indent(&out, raw, "", "  ") == nil && out.Len() <= displayMax {
-			b.Pretty = visible(strings.ToValidUTF8(out.String(), "\uFFFD"))
+			b.Pretty = strings.ToValidUTF8(out.String(), "\uFFFD")
 		}
 	}
 	return b
@@ -64,7 +64,7 @@ func (h *Handler) key(w http.ResponseWriter, r *http.Request) {
 	}
 	meta := make([]metaEntry, 0, len(in.Metadata))
 	for name, value := range in.Metadata {
-		meta = append(meta, metaEntry{visible(name), visible(value)})
+		meta = append(meta, metaEntry{name, value})
 	}
 	slices.SortFunc(meta, func(a, b metaEntry) int { return strings.Compare(a.Name, b.Name) })
 	h.render(w, r, http.StatusOK, "key", "Key "+string(in.Key), struct {
@@ -186,8 +186,8 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	form := confirmData{
-		Action: action, Allowed: true, By: strings.TrimSpace(r.PostFormValue("by")), Reason: strings.TrimSpace(r.PostFormValue("reason")),
-		Outcome: r.PostFormValue("outcome"), Body: r.PostFormValue("body"),
+		Action: action, Allowed: true, By: strings.TrimSpace(formText(r, "by")), Reason: strings.TrimSpace(formText(r, "reason")),
+		Outcome: r.PostFormValue("outcome"), Body: formText(r, "body"),
 	}
 	again := func(problem string) {
 		in, err := h.ops.Inspect(r.Context(), key)

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/outbox"
@@ -52,6 +51,9 @@ type page struct {
 	Data  any
 }
 
+// parseTemplates parses every page. Templates print text through show, the
+// console's one rule for shown text (see visible), or through line, args
+// or join, which apply it too.
 func (h *Handler) parseTemplates() error {
 	funcs := template.FuncMap{
 		"ago":      ago,
@@ -97,7 +99,7 @@ func formatTime(t time.Time) string {
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, name, title string, data any) {
-	h.renderPage(w, r, status, name, page{Title: visible(title), Schema: h.config.Schema, ReadOnly: h.config.ReadOnly, Data: data, Query: r.URL.Query().Get("q")})
+	h.renderPage(w, r, status, name, page{Title: title, Schema: h.config.Schema, ReadOnly: h.config.ReadOnly, Data: data, Query: queryText(r.URL.Query(), "q")})
 }
 
 func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
@@ -128,32 +130,8 @@ func (h *Handler) refuseAnonymous(w http.ResponseWriter, r *http.Request, status
 }
 
 func errorPage(status int, msg string) any {
-	return struct{ Status, Message string }{Status: strconv.Itoa(status) + " " + http.StatusText(status), Message: visible(msg)}
+	return struct{ Status, Message string }{Status: strconv.Itoa(status) + " " + http.StatusText(status), Message: msg}
 }
-
-// visible makes the Unicode bidi controls in s visible as ⟨U+202E⟩ and
-// the like: shown raw, they reorder the text around them (a tenant
-// "acme\u202egnp.exe" reads as "acmeexe.png"), so that a page would show
-// another string than the one stored. Every piece of stored or requested
-// data a page shows goes through it; the raw bytes stay downloadable.
-func visible(s string) string {
-	if !strings.ContainsFunc(s, isBidiControl) {
-		return s
-	}
-	var b strings.Builder
-	for _, c := range s {
-		if isBidiControl(c) {
-			fmt.Fprintf(&b, "⟨U+%04X⟩", c)
-			continue
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
-
-// isBidiControl reports whether c is a Unicode bidi control: U+061C,
-// U+200E, U+200F, U+202A to U+202E and U+2066 to U+2069.
-func isBidiControl(c rune) bool { return unicode.Is(unicode.Bidi_Control, c) }
 
 // fail renders err in words, with the status it calls for. An error the
 // request did not cause is logged, and the page says only that: its text
@@ -347,7 +325,7 @@ func parseTime(field, s string) (time.Time, error) {
 func (h *Handler) keys(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	filter := keysFilter{
-		Tool: q.Get("tool"), Tenant: q.Get("tenant"), RunID: q.Get("run"),
+		Tool: queryText(q, "tool"), Tenant: queryText(q, "tenant"), RunID: queryText(q, "run"),
 		CreatedAfter: q.Get("after"), CreatedBefore: q.Get("before"),
 	}
 	for _, s := range q["state"] {
@@ -467,7 +445,7 @@ const runPageSize = 100
 // calls of an agent's run as the model issued them.
 func (h *Handler) run(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	params := outbox.RunParams{Tenant: q.Get("tenant"), RunID: q.Get("run"), Limit: runPageSize}
+	params := outbox.RunParams{Tenant: queryText(q, "tenant"), RunID: queryText(q, "run"), Limit: runPageSize}
 	if from := q.Get("from"); from != "" {
 		var err error
 		if params.FromStep, err = strconv.ParseInt(from, 10, 64); err != nil {

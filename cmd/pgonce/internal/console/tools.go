@@ -150,7 +150,7 @@ func (h *Handler) toolAct(w http.ResponseWriter, r *http.Request) {
 	}
 	form := toolConfirmData{
 		Action: action, Path: toolPath(tool, action), Allowed: true,
-		By: strings.TrimSpace(r.PostFormValue("by")), Reason: strings.TrimSpace(r.PostFormValue("reason")),
+		By: strings.TrimSpace(formText(r, "by")), Reason: strings.TrimSpace(formText(r, "reason")),
 	}
 	if form.By == "" || form.Reason == "" {
 		status, ok := h.toolStatus(w, r, tool)
