@@ -160,11 +160,16 @@ func (st *Buffer) encode(dst []byte, v any, depth int) ([]byte, error) {
 
 func errInvalidUTF8Name() error { return &Error{Reason: "invalid UTF-8 in member name"} }
 
+// appendGoFloat writes f in its canonical spelling (ECMAScript's
+// Number::toString), as encoding/json writes the floats of a struct, so that
+// the size a native value is measured at does not depend on whether its
+// floats stand in a map or a struct, and is what another runtime measures
+// (KEYSPEC.md "Limits").
 func appendGoFloat(dst []byte, f float64, bitSize int) ([]byte, error) {
 	if err := checkFloat(f); err != nil {
 		return dst, err
 	}
-	return strconv.AppendFloat(dst, f, 'g', -1, bitSize), nil
+	return appendES6Float(dst, f, bitSize), nil
 }
 
 func checkFloat(f float64) error {

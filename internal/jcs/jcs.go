@@ -47,6 +47,10 @@ type Error struct {
 
 	// Err is an underlying error, if any.
 	Err error
+
+	// tooLarge marks the refusal of text larger than MaxBytes, which is
+	// reported at "$" wherever it was found.
+	tooLarge bool
 }
 
 // Error implements error.
@@ -137,6 +141,11 @@ func (st *Buffer) Canonicalize(v any, numbers Numbers) ([]byte, error) {
 		var err error
 		st.text, err = st.encode(st.text[:0], v, 0)
 		if err != nil {
+			if jerr, ok := err.(*Error); ok && jerr.tooLarge { //nolint:errorlint // only our own unwrapped errors
+				// The limit is on the whole text, wherever writing it
+				// went past: "$", as for text.
+				jerr.Path = ""
+			}
 			return nil, rootPath(err)
 		}
 		text = st.text
@@ -165,7 +174,8 @@ var literalNull = []byte("null")
 
 func errTooLarge() error {
 	return &Error{
-		Reason: fmt.Sprintf("input larger than the limit of %d bytes", MaxBytes),
+		Reason:   fmt.Sprintf("input larger than the limit of %d bytes", MaxBytes),
+		tooLarge: true,
 	}
 }
 

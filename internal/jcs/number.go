@@ -79,12 +79,17 @@ func IsNumber(b []byte) bool {
 // 7.1.12.1) writes it: the shortest digits that round-trip, in plain notation
 // for exponents -7 < n <= 21 and exponential notation ("1e+21", "1e-7")
 // otherwise. Negative zero is "0". f must be finite.
-func appendES6Number(dst []byte, f float64) []byte {
+func appendES6Number(dst []byte, f float64) []byte { return appendES6Float(dst, f, 64) }
+
+// appendES6Float is appendES6Number for a float of bitSize bits (32 or 64):
+// a float32 has its own shortest digits (float32(0.1) is "0.1"), spelled as
+// a float64's are, as encoding/json spells them.
+func appendES6Float(dst []byte, f float64, bitSize int) []byte {
 	if f == 0 {
 		return append(dst, '0')
 	}
 	var buf [32]byte
-	b := strconv.AppendFloat(buf[:0], f, 'e', -1, 64) // -d.ddde±dd
+	b := strconv.AppendFloat(buf[:0], f, 'e', -1, bitSize) // -d.ddde±dd
 	if b[0] == '-' {
 		dst = append(dst, '-')
 		b = b[1:]
