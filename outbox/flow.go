@@ -6,7 +6,6 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/store"
 )
@@ -104,17 +103,18 @@ type LimitParams struct {
 	Reason string
 }
 
-// toolNameMaxBytes bounds a tool's name in pgonce_tool.
-const toolNameMaxBytes = 2000
-
-func validateToolName(tool string) error {
+// CheckToolName returns nil when tool is a name a [Call.Tool] may have,
+// and otherwise an error matching [ErrInvalidParams] that names the rule:
+// ^[a-z][a-z0-9_.:-]{0,63}$. [Client.Pause], [Client.Resume] and
+// [Client.SetToolLimits] apply it, so that no flow control is set on a name
+// that no call can use; it is exported for front ends that want to refuse a
+// name before they ask anything else.
+func CheckToolName(tool string) error {
 	switch {
 	case tool == "":
 		return fmt.Errorf("%w: tool is required", ErrInvalidParams)
-	case len(tool) > toolNameMaxBytes:
-		return fmt.Errorf("%w: tool must be at most %d bytes", ErrInvalidParams, toolNameMaxBytes)
-	case !utf8.ValidString(tool) || strings.IndexByte(tool, 0) >= 0:
-		return fmt.Errorf("%w: tool must be valid UTF-8 without NUL bytes", ErrInvalidParams)
+	case !validToolName(tool):
+		return fmt.Errorf("%w: tool %s must match %s", ErrInvalidParams, quoteShort(tool), toolNamePattern)
 	}
 	return nil
 }
@@ -128,10 +128,11 @@ func validateToolName(tool string) error {
 //
 // [Client.Do] is not paused: an inline call runs when its caller asks.
 //
-// It returns [ErrInvalidParams] for a missing or malformed tool or params,
-// and changes nothing then.
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed params, and changes nothing
+// then.
 func (c *Client[TTx]) Pause(ctx context.Context, tool string, params PauseParams) (ToolStatus, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return ToolStatus{}, err
 	}
 	if err := validateAudit(params.By, params.Reason); err != nil {
@@ -148,10 +149,11 @@ func (c *Client[TTx]) Pause(ctx context.Context, tool string, params PauseParams
 // limits. The decision is recorded with who and why; resuming a tool that
 // is not paused changes nothing and records nothing.
 //
-// It returns [ErrInvalidParams] for a missing or malformed tool or params,
-// and changes nothing then.
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed params, and changes nothing
+// then.
 func (c *Client[TTx]) Resume(ctx context.Context, tool string, params ResumeParams) (ToolStatus, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return ToolStatus{}, err
 	}
 	reason := params.Reason
@@ -175,10 +177,11 @@ func (c *Client[TTx]) Resume(ctx context.Context, tool string, params ResumePara
 // claims take its budget one after the other (see docs/flow-control.md).
 // The decision is recorded with who and why.
 //
-// It returns [ErrInvalidParams] for a missing or malformed tool, limits or
-// params, and changes nothing then.
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed limits or params, and changes
+// nothing then.
 func (c *Client[TTx]) SetToolLimits(ctx context.Context, tool string, limits ToolLimits, params LimitParams) (ToolStatus, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return ToolStatus{}, err
 	}
 	limits = limits.withDefaults()
@@ -241,9 +244,10 @@ type ToolAction struct {
 }
 
 // ToolActions returns up to 100 of the operator decisions on tool, newest
-// first.
+// first. It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]).
 func (c *Client[TTx]) ToolActions(ctx context.Context, tool string) ([]ToolAction, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return nil, err
 	}
 	rows, err := c.store.ToolActions(ctx, tool, 100)

@@ -167,6 +167,9 @@ that tool's flow control and the operator decisions on it, newest first.`,
 				}
 				defer c.close()
 				if len(args) == 1 {
+					if err := outbox.CheckToolName(args[0]); err != nil {
+						return usageOrError(err)
+					}
 					return e.tool(ctx, client, args[0], *asJSON)
 				}
 				statuses, err := client.Tools(ctx)
@@ -282,10 +285,14 @@ func (e *env) toolAct(ctx context.Context, tool string, asJSON bool,
 	return nil
 }
 
-// oneTool returns the one TOOL argument of a command.
+// oneTool returns the one TOOL argument of a command, refusing a name no
+// call can have before anything is read or written.
 func oneTool(args []string) (string, error) {
 	if len(args) != 1 {
 		return "", usageErrorf("want exactly one TOOL")
+	}
+	if err := outbox.CheckToolName(args[0]); err != nil {
+		return "", usageOrError(err)
 	}
 	return args[0], nil
 }

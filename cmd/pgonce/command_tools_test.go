@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -137,6 +138,15 @@ func TestTools(t *testing.T) {
 			{"limit", "refund", "--max-in-flight", "3", "--by", "alice"},
 			{"tools", "refund", "email"},
 			{"tools", "re\xfffund"},
+			// Names no call can have: a typo must not look like it worked.
+			{"pause", "Bad Tool!", "--reason", "x", "--by", "alice"},
+			{"pause", "Refund", "--reason", "x", "--by", "alice"},
+			{"pause", "a b", "--reason", "x", "--by", "alice"},
+			{"pause", strings.Repeat("t", 65), "--reason", "x", "--by", "alice"},
+			{"resume", "Refund", "--by", "alice"},
+			{"limit", "Refund", "--max-in-flight", "3", "--reason", "x", "--by", "alice"},
+			{"limit", "a b", "--clear", "--reason", "x", "--by", "alice"},
+			{"tools", "Refund"},
 		} {
 			res := pgonce(t, append([]string{"--schema", f.schema}, args...)...)
 			require.Equal(t, exitUsage, res.code, "%q: %s", args, res.stderr)
@@ -152,10 +162,14 @@ func TestTools(t *testing.T) {
 		}
 		code := run(t.Context(), args, &stdout, &stderr)
 		require.Equal(t, exitUsage, code, stderr.String())
-		require.Contains(t, stderr.String(), "without NUL bytes")
+		require.Contains(t, stderr.String(), "must match ^[a-z][a-z0-9_.:-]{0,63}$")
 		statuses, err := f.client.Tools(t.Context())
 		require.NoError(t, err)
 		require.Empty(t, statuses)
+		var recorded int
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
+			`SELECT count(*) FROM `+ident.Quote(f.schema)+`.pgonce_tool_action`).Scan(&recorded))
+		require.Zero(t, recorded, "no decision is recorded")
 	})
 
 	t.Run("ReasonsShowTheirControlsVisibly", func(t *testing.T) {
