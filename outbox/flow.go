@@ -123,8 +123,9 @@ func CheckToolName(tool string) error {
 // its keys until [Client.Resume], and calls already in flight finish.
 // Submits still accept the tool's keys, which wait, pending. The decision
 // is recorded with who and why ([Client.ToolActions]); pausing a paused
-// tool keeps the first pause and records nothing. Dispatchers learn of the
-// pause by notification, at once, or by their next PollInterval.
+// tool keeps the first pause and records nothing. How soon dispatchers
+// stop claiming the tool's keys (at once when they listen) is in
+// docs/flow-control.md, "How soon a change reaches the dispatchers".
 //
 // [Client.Do] is not paused: an inline call runs when its caller asks.
 //
