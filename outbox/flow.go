@@ -70,6 +70,13 @@ type ToolStatus struct {
 	SlowedUntil time.Time
 	// UpdatedAt is when the tool's flow control last changed.
 	UpdatedAt time.Time
+	// Known reports that a call may use the tool now: it is registered in
+	// the client's [Config.Registry], or a key of it is pending or in
+	// flight in the schema. A tool that is not known is most often a
+	// misspelt name; its flow control applies to calls yet to come. A
+	// client without a registry, as the CLI's, knows a tool by its keys
+	// alone, and a tool whose keys have all finished is not known to it.
+	Known bool
 }
 
 // SlowedDown reports whether the tool was slowed down at now.
@@ -214,13 +221,15 @@ func (c *Client[TTx]) Tools(ctx context.Context) ([]ToolStatus, error) {
 	}
 	statuses := make([]ToolStatus, 0, len(controls))
 	for _, tc := range controls {
-		statuses = append(statuses, toolStatus(tc))
+		s := toolStatus(tc)
+		s.Known = tc.OpenKeys || c.config.Registry.Lookup(tc.Tool) != nil
+		statuses = append(statuses, s)
 	}
 	return statuses, nil
 }
 
-// Tool returns the flow control of tool: a status with only its name when
-// it has none.
+// Tool returns the flow control of tool: a status with only its name and
+// Known when it has none.
 func (c *Client[TTx]) Tool(ctx context.Context, tool string) (ToolStatus, error) {
 	statuses, err := c.Tools(ctx)
 	if err != nil {
@@ -231,7 +240,13 @@ func (c *Client[TTx]) Tool(ctx context.Context, tool string) (ToolStatus, error)
 			return s, nil
 		}
 	}
-	return ToolStatus{Tool: tool}, nil
+	status := ToolStatus{Tool: tool, Known: c.config.Registry.Lookup(tool) != nil}
+	if !status.Known {
+		if status.Known, err = c.store.ToolOpenKeys(ctx, tool); err != nil {
+			return ToolStatus{}, fmt.Errorf("read tool: %w", err)
+		}
+	}
+	return status, nil
 }
 
 // ToolAction is an operator's decision on a tool: a pause, a resume or

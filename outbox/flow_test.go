@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"database/sql"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -91,6 +92,65 @@ func testToolFlowControl[TTx any](t *testing.T, h driverHarness[TTx]) {
 			require.NoError(t, err, name)
 			require.True(t, status.Paused, name)
 		}
+	})
+
+	t.Run("ANameNoCallUsesIsNotKnown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		status, err := b.client.Pause(t.Context(), "nosuchtool", outbox.PauseParams{By: "alice", Reason: "incident"})
+		require.NoError(t, err)
+		require.True(t, status.Paused, "the pause applies to calls yet to come")
+		require.False(t, status.Known)
+		tools, err := b.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Len(t, tools, 1)
+		require.False(t, tools[0].Known)
+		status, err = b.client.Tool(t.Context(), "othertool")
+		require.NoError(t, err)
+		require.False(t, status.Known, "a tool without flow control either")
+	})
+
+	t.Run("ARegisteredToolOrOneWithOpenKeysIsKnown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		registry := outbox.NewRegistry()
+		ok := func() (json.RawMessage, error) { return json.RawMessage(`{}`), nil }
+		require.NoError(t, registry.Register("refund", &answers{answers: []func() (json.RawMessage, error){ok}}, outbox.IdempotentByKey))
+		require.NoError(t, registry.Register("email", &answers{answers: []func() (json.RawMessage, error){ok}}, outbox.AtMostOnce))
+		service := h.newClient(t, outbox.Config{Schema: b.schema, Registry: registry})
+
+		// The service's client knows its registered tools, keys or not.
+		for _, tool := range []string{"refund", "email"} {
+			status, err := service.Tool(t.Context(), tool)
+			require.NoError(t, err)
+			require.True(t, status.Known, tool)
+		}
+		status, err := service.SetToolLimits(t.Context(), "email", outbox.ToolLimits{MaxInFlight: 3}, outbox.LimitParams{By: "alice", Reason: "quota"})
+		require.NoError(t, err)
+		require.True(t, status.Known)
+
+		// A client without the registry (the CLI's) knows a tool by its
+		// pending or in-flight keys.
+		_, err = service.Submit(t.Context(), outbox.Call{RunID: "run-1", Step: 1, Tool: "refund", Args: map[string]any{"order": 1}})
+		require.NoError(t, err)
+		status, err = b.client.Tool(t.Context(), "refund")
+		require.NoError(t, err)
+		require.True(t, status.Known, "a pending key, without flow control")
+		status, err = b.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "alice", Reason: "incident"})
+		require.NoError(t, err)
+		require.True(t, status.Known, "a pending key, paused")
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `UPDATE `+ident.Quote(b.schema)+`.pgonce_key
+			SET attempt = 1, lease_until = now() + interval '1 minute', worker = 'w', first_attempted_at = now(), updated_at = now()`)
+		require.NoError(t, err)
+		status, err = b.client.Tool(t.Context(), "refund")
+		require.NoError(t, err)
+		require.True(t, status.Known, "a key in flight")
+		tools, err := b.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Len(t, tools, 2)
+		require.Equal(t, "email", tools[0].Tool)
+		require.False(t, tools[0].Known, "no key of email, and no registry here")
+		require.True(t, tools[1].Known)
 	})
 
 	t.Run("AMissingNameIsRequired", func(t *testing.T) {

@@ -13,9 +13,40 @@ SELECT
     pgonce_tool.paused_by,
     pgonce_tool.paused_reason,
     pgonce_tool.updated_at,
+    -- open_keys: whether a key of the tool is pending or in flight, read
+    -- through the due and in-flight indexes (an operator who paused a
+    -- misspelt name is told that no call uses it).
+    (EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+    ) OR EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.lease_until IS NOT NULL
+    ))::boolean AS open_keys,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_tool
 ORDER BY pgonce_tool.tool;
+
+-- name: ToolOpenKeys :one
+-- ToolOpenKeys reports whether a key of the tool is pending or in
+-- flight, as ToolList's open_keys does, for a tool without a row.
+SELECT (EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = @tool::text
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+) OR EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = @tool::text
+        AND pgonce_key.lease_until IS NOT NULL
+))::boolean AS open_keys;
 
 -- name: ToolPause :one
 -- ToolPause pauses a tool, and records who did it and why. Pausing a paused

@@ -47,7 +47,8 @@ exits 0. Inline calls (Client.Do) are not paused.`,
 							visibleText(tool), formatTime(before.PausedAt), visibleText(before.PausedBy), visibleText(before.PausedReason)), nil
 					}
 					after, err := client.Pause(ctx, tool, outbox.PauseParams{By: *by, Reason: *reason})
-					return after, fmt.Sprintf("paused %s by %s; its keys wait until `pgonce resume %s`", visibleText(tool), visibleText(*by), visibleText(tool)), err
+					msg := fmt.Sprintf("paused %s by %s; its keys wait until `pgonce resume %s`", visibleText(tool), visibleText(*by), visibleText(tool))
+					return after, msg + unknownToolNote(after, "the pause applies"), err
 				})
 			}
 		},
@@ -139,7 +140,8 @@ limit of that kind. --clear removes every limit. Who and why are recorded
 					if *clearLimits {
 						return after, fmt.Sprintf("cleared the limits of %s by %s", visibleText(tool), visibleText(*by)), err
 					}
-					return after, fmt.Sprintf("limited %s to %s by %s", visibleText(tool), formatLimits(after.Limits), visibleText(*by)), err
+					msg := fmt.Sprintf("limited %s to %s by %s", visibleText(tool), formatLimits(after.Limits), visibleText(*by))
+					return after, msg + unknownToolNote(after, "the limits apply"), err
 				})
 			}
 		},
@@ -285,6 +287,16 @@ func (e *env) toolAct(ctx context.Context, tool string, asJSON bool,
 	return nil
 }
 
+// unknownToolNote is the line that tells an operator that no call uses the
+// tool they just acted on, most often a misspelt name, or "" when one
+// does. what says what applies to the calls yet to come.
+func unknownToolNote(s outbox.ToolStatus, what string) string {
+	if s.Known || s.Tool == "" {
+		return ""
+	}
+	return fmt.Sprintf("\nno call of tool %s has been seen (no key of it is pending or in flight); %s to future calls", visibleText(s.Tool), what)
+}
+
 // oneTool returns the one TOOL argument of a command, refusing a name no
 // call can have before anything is read or written.
 func oneTool(args []string) (string, error) {
@@ -309,13 +321,15 @@ type toolJSON struct {
 	SlowedDown   bool       `json:"slowed_down"`
 	SlowedUntil  *time.Time `json:"slowed_until,omitempty"`
 	UpdatedAt    *time.Time `json:"updated_at,omitempty"`
+	// Known is outbox.ToolStatus.Known: false for a tool no call uses.
+	Known bool `json:"known"`
 }
 
 func toolJSONOf(s outbox.ToolStatus, now time.Time) toolJSON {
 	j := toolJSON{
 		Tool: s.Tool, MaxInFlight: s.Limits.MaxInFlight, Rate: s.Limits.Rate, Burst: s.Limits.Burst,
 		Paused: s.Paused, PausedAt: timePtr(s.PausedAt), PausedBy: s.PausedBy, PausedReason: s.PausedReason,
-		SlowedDown: s.SlowedDown(now), UpdatedAt: timePtr(s.UpdatedAt),
+		SlowedDown: s.SlowedDown(now), UpdatedAt: timePtr(s.UpdatedAt), Known: s.Known,
 	}
 	if j.SlowedDown {
 		j.SlowedUntil = timePtr(s.SlowedUntil)

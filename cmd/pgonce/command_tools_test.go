@@ -172,6 +172,28 @@ func TestTools(t *testing.T) {
 		require.Zero(t, recorded, "no decision is recorded")
 	})
 
+	t.Run("AToolNoCallUsesIsNamed", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		res := pgonce(t, "--schema", f.schema, "pause", "nosuchtool", "--reason", "incident", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "paused nosuchtool by alice")
+		require.Contains(t, res.stdout, "no call of tool nosuchtool has been seen (no key of it is pending or in flight); the pause applies to future calls")
+		res = pgonce(t, "--schema", f.schema, "limit", "nosuchtool", "--max-in-flight", "3", "--reason", "quota", "--by", "alice", "--json")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Equal(t, false, decodeJSON(t, res.stdout)["known"])
+
+		// A tool with a pending key is used: nothing more is said.
+		_, err := f.client.Submit(t.Context(), f.call("refund"))
+		require.NoError(t, err)
+		res = pgonce(t, "--schema", f.schema, "pause", "refund", "--reason", "incident", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.NotContains(t, res.stdout, "has been seen")
+		res = pgonce(t, "--schema", f.schema, "limit", "refund", "--max-in-flight", "3", "--reason", "quota", "--by", "alice", "--json")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Equal(t, true, decodeJSON(t, res.stdout)["known"])
+	})
+
 	t.Run("ReasonsShowTheirControlsVisibly", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)

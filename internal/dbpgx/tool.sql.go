@@ -314,6 +314,21 @@ SELECT
     pgonce_tool.paused_by,
     pgonce_tool.paused_reason,
     pgonce_tool.updated_at,
+    -- open_keys: whether a key of the tool is pending or in flight, read
+    -- through the due and in-flight indexes (an operator who paused a
+    -- misspelt name is told that no call uses it).
+    (EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+    ) OR EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.lease_until IS NOT NULL
+    ))::boolean AS open_keys,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_tool
 ORDER BY pgonce_tool.tool
@@ -333,6 +348,7 @@ type ToolListRow struct {
 	PausedBy     *string
 	PausedReason *string
 	UpdatedAt    time.Time
+	OpenKeys     bool
 	Now          time.Time
 }
 
@@ -358,6 +374,7 @@ func (q *Queries) ToolList(ctx context.Context, db DBTX, arg *ToolListParams) ([
 			&i.PausedBy,
 			&i.PausedReason,
 			&i.UpdatedAt,
+			&i.OpenKeys,
 			&i.Now,
 		); err != nil {
 			return nil, err
@@ -450,6 +467,34 @@ func (q *Queries) ToolLock(ctx context.Context, db DBTX, arg *ToolLockParams) ([
 		return nil, err
 	}
 	return items, nil
+}
+
+const toolOpenKeys = `-- name: ToolOpenKeys :one
+SELECT (EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = $1::text
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+) OR EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = $1::text
+        AND pgonce_key.lease_until IS NOT NULL
+))::boolean AS open_keys
+`
+
+type ToolOpenKeysParams struct {
+	Tool string
+}
+
+// ToolOpenKeys reports whether a key of the tool is pending or in
+// flight, as ToolList's open_keys does, for a tool without a row.
+func (q *Queries) ToolOpenKeys(ctx context.Context, db DBTX, arg *ToolOpenKeysParams) (bool, error) {
+	row := db.QueryRow(ctx, toolOpenKeys, arg.Tool)
+	var open_keys bool
+	err := row.Scan(&open_keys)
+	return open_keys, err
 }
 
 const toolPause = `-- name: ToolPause :one

@@ -30,6 +30,8 @@ type ToolControl struct {
 	PausedBy     string
 	PausedReason string
 	UpdatedAt    time.Time
+	// OpenKeys reports that a key of the tool is pending or in flight.
+	OpenKeys bool
 	// Now is the database's clock at the read.
 	Now time.Time
 }
@@ -45,6 +47,7 @@ func (s *Store) ToolControls(ctx context.Context, now *time.Time) ([]*ToolContro
 				NotBefore: row.NotBefore,
 				PausedAt:  row.PausedAt,
 				UpdatedAt: row.UpdatedAt,
+				OpenKeys:  row.OpenKeys,
 				Now:       row.Now,
 			}
 			if row.MaxInFlight != nil {
@@ -64,6 +67,15 @@ func (s *Store) ToolControls(ctx context.Context, now *time.Time) ([]*ToolContro
 		return err
 	})
 	return controls, err
+}
+
+// ToolOpenKeys reports whether a key of tool is pending or in flight.
+func (s *Store) ToolOpenKeys(ctx context.Context, tool string) (open bool, err error) {
+	err = s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		open, err = q.ToolOpenKeys(ctx, db, &dbpgx.ToolOpenKeysParams{Tool: tool})
+		return err
+	})
+	return open, err
 }
 
 // ToolActParams say which tool an operator acts on, who and why, for
