@@ -100,6 +100,17 @@ type ResumeParams struct {
 	Reason string
 }
 
+// EndSlowDownParams say who ends a tool's slow-down early and why, for
+// [Client.EndSlowDown].
+type EndSlowDownParams struct {
+	// By names who decided. Required: at most 2000 bytes of valid UTF-8,
+	// without NUL bytes.
+	By string
+	// Reason says why. Required, with the same rules as By: the decision
+	// overrides what the tool's provider asked for.
+	Reason string
+}
+
 // LimitParams say who sets a tool's limits and why, for
 // [Client.SetToolLimits].
 type LimitParams struct {
@@ -155,7 +166,8 @@ func (c *Client[TTx]) Pause(ctx context.Context, tool string, params PauseParams
 
 // Resume ends a tool's pause: dispatchers claim its keys again, within its
 // limits. The decision is recorded with who and why; resuming a tool that
-// is not paused changes nothing and records nothing.
+// is not paused changes nothing and records nothing. A slow-down its
+// provider asked for stays until it ends or [Client.EndSlowDown].
 //
 // It returns [ErrInvalidParams] for a tool name no call can have
 // ([CheckToolName]) or missing or malformed params, and changes nothing
@@ -178,11 +190,39 @@ func (c *Client[TTx]) Resume(ctx context.Context, tool string, params ResumePara
 	return c.Tool(ctx, tool)
 }
 
+// EndSlowDown ends a tool's slow-down ([SlowDown]) before the time its
+// provider asked for: dispatchers claim its keys again at once, within its
+// limits and unless it is paused, and its pending keys that the slow-down
+// held (those due before its end) are due now. It is an operator's
+// override: a provider that still cannot keep up answers with another slow
+// down, which starts a new one. The decision is recorded with who and why
+// (action "end_slow_down"); ending the slow-down of a tool that is not
+// slowed down changes nothing and records nothing. [Client.Resume] and
+// clearing the limits leave a slow-down in place.
+//
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed params, and changes nothing
+// then.
+func (c *Client[TTx]) EndSlowDown(ctx context.Context, tool string, params EndSlowDownParams) (ToolStatus, error) {
+	if err := CheckToolName(tool); err != nil {
+		return ToolStatus{}, err
+	}
+	if err := validateAudit(params.By, params.Reason); err != nil {
+		return ToolStatus{}, err
+	}
+	p := &store.ToolActParams{Tool: tool, By: params.By, Reason: params.Reason, Channel: c.workChannel(), Now: c.nowParam()}
+	if _, err := c.store.ToolEndSlowDown(ctx, p); err != nil {
+		return ToolStatus{}, fmt.Errorf("end tool slow-down: %w", err)
+	}
+	return c.Tool(ctx, tool)
+}
+
 // SetToolLimits sets a tool's limits, enforced by the database across every
 // dispatcher of the schema: a claim never takes more of the tool's keys
-// than its free budget. Zero limits clear them. A tool without limits, a
-// pause or a slow-down costs its claims nothing; one with any has its
-// claims take its budget one after the other (see docs/flow-control.md).
+// than its free budget. Zero limits clear them (a slow-down stays:
+// [Client.EndSlowDown]). A tool without limits, a pause or a slow-down
+// costs its claims nothing; one with any has its claims take its budget
+// one after the other (see docs/flow-control.md).
 // The decision is recorded with who and why.
 //
 // It returns [ErrInvalidParams] for a tool name no call can have
@@ -249,11 +289,11 @@ func (c *Client[TTx]) Tool(ctx context.Context, tool string) (ToolStatus, error)
 	return status, nil
 }
 
-// ToolAction is an operator's decision on a tool: a pause, a resume or
-// limits set.
+// ToolAction is an operator's decision on a tool: a pause, a resume,
+// limits set or a slow-down ended.
 type ToolAction struct {
 	At time.Time
-	// Action is "pause", "resume" or "limit".
+	// Action is "pause", "resume", "limit" or "end_slow_down".
 	Action string
 	By     string
 	Reason string

@@ -58,13 +58,22 @@ exits 0. Inline calls (Client.Do) are not paused.`,
 func resumeCommand() *command {
 	return &command{
 		name:     "resume",
-		synopsis: "resume TOOL [--reason TEXT] [--by WHO] [--json]",
-		summary:  "end a tool's pause: dispatchers claim its keys again, within its limits",
+		synopsis: "resume TOOL [--slow-down] [--reason TEXT] [--by WHO] [--json]",
+		summary:  "end a tool's pause, or with --slow-down its provider's slow-down: dispatchers claim its keys again",
 		help: `Ends a tool's pause: dispatchers claim its keys again, within its limits.
 Who (and why, if given) are recorded (see tools TOOL). Resuming a tool that
-is not paused records nothing and exits 0.`,
+is not paused records nothing and exits 0. A slow-down its provider asked
+for (a 429 with Retry-After) stays: see --slow-down.
+
+With --slow-down, ends the tool's slow-down instead, before the time its
+provider asked for, and leaves a pause alone: its keys the slow-down held
+are due at once. --reason is then required, as this overrides the
+provider; a provider that still cannot keep up slows the tool down again.
+
+  pgonce resume refund --slow-down --reason "Stripe raised our rate limit"`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-			reason := fs.String("reason", "", "why (optional)")
+			slowDown := fs.Bool("slow-down", false, "end the provider's slow-down instead of the pause (needs --reason)")
+			reason := fs.String("reason", "", "why (optional; required with --slow-down)")
 			by := fs.String("by", operatorName(), "who decides (default: $USER, else $LOGNAME, else the account running pgonce)")
 			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, args []string) error {
@@ -75,12 +84,33 @@ is not paused records nothing and exits 0.`,
 				if *by == "" {
 					return usageErrorf("--by is required: neither $USER, $LOGNAME nor the operating system names who runs pgonce")
 				}
+				if *slowDown {
+					if *reason == "" {
+						return usageErrorf("--slow-down needs --reason: say why the provider's slow-down ends early")
+					}
+					return e.toolAct(ctx, tool, *asJSON, func(client *outbox.Client[pgx.Tx], before outbox.ToolStatus) (outbox.ToolStatus, string, error) {
+						if !before.SlowedDown(time.Now()) {
+							return before, fmt.Sprintf("%s is not slowed down; nothing changed", visibleText(tool)), nil
+						}
+						after, err := client.EndSlowDown(ctx, tool, outbox.EndSlowDownParams{By: *by, Reason: *reason})
+						msg := fmt.Sprintf("ended the slow-down of %s by %s; its keys are due now", visibleText(tool), visibleText(*by))
+						if after.Paused {
+							msg += fmt.Sprintf("\n%s is still paused: `pgonce resume %s` ends the pause", visibleText(tool), visibleText(tool))
+						}
+						return after, msg, err
+					})
+				}
 				return e.toolAct(ctx, tool, *asJSON, func(client *outbox.Client[pgx.Tx], before outbox.ToolStatus) (outbox.ToolStatus, string, error) {
 					if !before.Paused {
 						return before, fmt.Sprintf("%s is not paused; nothing changed", visibleText(tool)), nil
 					}
 					after, err := client.Resume(ctx, tool, outbox.ResumeParams{By: *by, Reason: *reason})
-					return after, fmt.Sprintf("resumed %s by %s", visibleText(tool), visibleText(*by)), err
+					msg := fmt.Sprintf("resumed %s by %s", visibleText(tool), visibleText(*by))
+					if after.SlowedDown(time.Now()) {
+						msg += fmt.Sprintf("\n%s is still slowed down until %s, as its provider asked: `pgonce resume %s --slow-down` ends it",
+							visibleText(tool), formatTime(after.SlowedUntil), visibleText(tool))
+					}
+					return after, msg, err
 				})
 			}
 		},
@@ -96,8 +126,8 @@ func limitCommand() *command {
 --max-in-flight calls of the tool at once, and on average --rate calls
 started per second with up to --burst at once (default: the rate rounded
 up). The limits given replace the tool's limits: a kind not given is no
-limit of that kind. --clear removes every limit. Who and why are recorded
-(see tools TOOL).
+limit of that kind. --clear removes every limit (a provider's slow-down
+stays: see resume --slow-down). Who and why are recorded (see tools TOOL).
 
   pgonce limit refund --max-in-flight 25 --rate 20 --reason "Stripe live-mode limit"
   pgonce limit refund --clear --reason "moved to the batch API"`,

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -192,6 +193,49 @@ func TestTools(t *testing.T) {
 		res = pgonce(t, "--schema", f.schema, "limit", "refund", "--max-in-flight", "3", "--reason", "quota", "--by", "alice", "--json")
 		require.Equal(t, exitOK, res.code, res.stderr)
 		require.Equal(t, true, decodeJSON(t, res.stdout)["known"])
+	})
+
+	t.Run("ResumeSlowDownEndsAProvidersSlowDown", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		key, err := f.client.Submit(t.Context(), f.call("refund"))
+		require.NoError(t, err)
+		// A provider's slow-down of an hour, which held the pending key.
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `WITH slowed AS (
+				INSERT INTO `+ident.Quote(f.schema)+`.pgonce_tool (tool, not_before) VALUES ('refund', now() + interval '1 hour')
+				RETURNING not_before)
+			UPDATE `+ident.Quote(f.schema)+`.pgonce_key SET available_at = slowed.not_before FROM slowed`)
+		require.NoError(t, err)
+
+		res := pgonce(t, "--schema", f.schema, "resume", "refund", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "refund is not paused; nothing changed")
+		res = pgonce(t, "--schema", f.schema, "resume", "refund", "--slow-down", "--by", "alice")
+		require.Equal(t, exitUsage, res.code, res.stderr)
+		require.Contains(t, res.stderr, "--slow-down needs --reason")
+
+		res = pgonce(t, "--schema", f.schema, "resume", "refund", "--slow-down", "--reason", "quota raised", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "ended the slow-down of refund by alice; its keys are due now")
+		status, err := f.client.Tool(t.Context(), "refund")
+		require.NoError(t, err)
+		require.False(t, status.SlowedDown(time.Now()))
+		var due bool
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `SELECT available_at <= now() FROM `+ident.Quote(f.schema)+`.pgonce_key`).Scan(&due))
+		require.True(t, due, "the key %s the slow-down held is due", key.Key)
+		res = pgonce(t, "--schema", f.schema, "tools", "refund", "--json")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		actions, ok := decodeJSON(t, res.stdout)["actions"].([]any)
+		require.True(t, ok, res.stdout)
+		require.Len(t, actions, 1)
+		newest, ok := actions[0].(map[string]any)
+		require.True(t, ok)
+		require.Equal(t, "end_slow_down", newest["action"])
+		require.Equal(t, "quota raised", newest["reason"])
+
+		res = pgonce(t, "--schema", f.schema, "resume", "refund", "--slow-down", "--reason", "again", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "refund is not slowed down; nothing changed")
 	})
 
 	t.Run("ReasonsShowTheirControlsVisibly", func(t *testing.T) {

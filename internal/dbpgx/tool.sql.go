@@ -261,6 +261,122 @@ func (q *Queries) ToolActionList(ctx context.Context, db DBTX, arg *ToolActionLi
 	return items, nil
 }
 
+const toolEndSlowDown = `-- name: ToolEndSlowDown :one
+WITH slowed AS (
+    SELECT
+        pgonce_tool.tool,
+        pgonce_tool.not_before
+    FROM /* TEMPLATE: schema */pgonce_tool
+    WHERE pgonce_tool.tool = $1::text
+        AND pgonce_tool.not_before > coalesce($2::timestamptz, now())
+    FOR UPDATE
+),
+dropped AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_tool
+    USING slowed
+    WHERE pgonce_tool.tool = slowed.tool
+        AND pgonce_tool.max_in_flight IS NULL
+        AND pgonce_tool.rate IS NULL
+        AND pgonce_tool.paused_at IS NULL
+    RETURNING pgonce_tool.tool
+),
+kept AS (
+    UPDATE /* TEMPLATE: schema */pgonce_tool
+    SET
+        not_before = NULL,
+        updated_at = coalesce($2::timestamptz, now())
+    FROM slowed
+    WHERE pgonce_tool.tool = slowed.tool
+        AND NOT (pgonce_tool.max_in_flight IS NULL
+            AND pgonce_tool.rate IS NULL
+            AND pgonce_tool.paused_at IS NULL)
+    RETURNING pgonce_tool.tool
+),
+ended AS (
+    SELECT dropped.tool FROM dropped
+    UNION ALL
+    SELECT kept.tool FROM kept
+),
+due AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET available_at = coalesce($2::timestamptz, now())
+    FROM slowed
+    WHERE pgonce_key.tool = slowed.tool
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+        AND pgonce_key.available_at > coalesce($2::timestamptz, now())
+        AND pgonce_key.available_at <= slowed.not_before
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_tool_action (
+        acted_at,
+        tool,
+        action,
+        acted_by,
+        reason
+    )
+    SELECT
+        coalesce($2::timestamptz, now()),
+        ended.tool,
+        'end_slow_down',
+        $3::text,
+        $4::text
+    FROM ended
+    RETURNING pgonce_tool_action.id
+),
+notified AS (
+    SELECT pg_notify($5::text, 'tool:' || ended.tool)
+    FROM ended
+    WHERE $5::text <> ''
+)
+SELECT
+    (SELECT count(*) FROM ended)::bigint AS changed,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM due)::bigint AS due,
+    (SELECT count(*) FROM notified)::bigint AS notified
+`
+
+type ToolEndSlowDownParams struct {
+	Tool    string
+	Now     *time.Time
+	ActedBy string
+	Reason  string
+	Channel string
+}
+
+type ToolEndSlowDownRow struct {
+	Changed  int64
+	Recorded int64
+	Due      int64
+	Notified int64
+}
+
+// ToolEndSlowDown ends a tool's slow-down before its not_before, and
+// records who did it and why: an operator's override of what a provider
+// asked for. The tool's pending keys due before not_before, which the
+// slow-down held (ToolThrottle made them due at its not_before), are due
+// at once. A tool left with no limit and no pause loses its row, so that
+// its keys are claimed by the plain claim again. A tool that is not slowed
+// down changes nothing and records nothing (changed is 0).
+func (q *Queries) ToolEndSlowDown(ctx context.Context, db DBTX, arg *ToolEndSlowDownParams) (*ToolEndSlowDownRow, error) {
+	row := db.QueryRow(ctx, toolEndSlowDown,
+		arg.Tool,
+		arg.Now,
+		arg.ActedBy,
+		arg.Reason,
+		arg.Channel,
+	)
+	var i ToolEndSlowDownRow
+	err := row.Scan(
+		&i.Changed,
+		&i.Recorded,
+		&i.Due,
+		&i.Notified,
+	)
+	return &i, err
+}
+
 const toolForget = `-- name: ToolForget :many
 DELETE FROM /* TEMPLATE: schema */pgonce_tool
 WHERE pgonce_tool.tool = any($1::text[])

@@ -79,7 +79,8 @@ func (s *Store) ToolOpenKeys(ctx context.Context, tool string) (open bool, err e
 }
 
 // ToolActParams say which tool an operator acts on, who and why, for
-// [Store.ToolPause], [Store.ToolResume] and [Store.ToolSetLimits].
+// [Store.ToolPause], [Store.ToolResume], [Store.ToolSetLimits] and
+// [Store.ToolEndSlowDown].
 type ToolActParams struct {
 	Tool   string
 	By     string
@@ -114,6 +115,22 @@ func (s *Store) ToolPause(ctx context.Context, p *ToolActParams) (changed bool, 
 func (s *Store) ToolResume(ctx context.Context, p *ToolActParams) (changed bool, err error) {
 	err = s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.ToolResume(ctx, db, &dbpgx.ToolResumeParams{
+			Tool: p.Tool, ActedBy: p.By, Reason: p.Reason, Channel: p.Channel, Now: p.Now,
+		})
+		if err == nil {
+			changed = row.Changed > 0
+		}
+		return err
+	})
+	return changed, err
+}
+
+// ToolEndSlowDown ends a tool's slow-down early, makes the keys it held due
+// at once, and records the decision. changed is false, and nothing is
+// recorded, when the tool was not slowed down.
+func (s *Store) ToolEndSlowDown(ctx context.Context, p *ToolActParams) (changed bool, err error) {
+	err = s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.ToolEndSlowDown(ctx, db, &dbpgx.ToolEndSlowDownParams{
 			Tool: p.Tool, ActedBy: p.By, Reason: p.Reason, Channel: p.Channel, Now: p.Now,
 		})
 		if err == nil {
