@@ -159,5 +159,4 @@ func testToolFlowControl[TTx any](t *testing.T, h driverHarness[TTx]) {
 		require.ErrorIs(t, err, outbox.ErrInvalidParams)
 		require.Contains(t, err.Error(), "tool is required")
 	})
-
 }
