@@ -108,10 +108,10 @@ type Config struct {
 	// holds its leadership for three intervals and renews it every interval,
 	// so a crashed leader is replaced within three intervals; one that stops
 	// hands leadership over at once. It is also how often the dispatcher
-	// reads which tools have flow control when no notification tells it
-	// (see outbox.Client.Pause): a pause or limit of a tool that had none,
-	// made by a client with NotifyDisabled or while this dispatcher was not
-	// listening, takes effect here within this interval. Defaults to
+	// reads which tools have flow control when no notification tells it:
+	// the bound on how late a pause or limit of a tool that had none
+	// reaches a dispatcher that hears no notification (docs/flow-control.md,
+	// "How soon a change reaches the dispatchers"). Defaults to
 	// [MaintenanceIntervalDefault]; the development preset sets
 	// [MaintenanceIntervalDevelopment].
 	MaintenanceInterval time.Duration

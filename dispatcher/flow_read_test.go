@@ -136,6 +136,74 @@ func testFlowToolListReadWhenNotified[TTx any](t *testing.T, driver drivertest.D
 	})
 }
 
+func TestFlowPauseReachesAnUnnotifiedDispatcher(t *testing.T) {
+	t.Parallel()
+	drivertest.All(t, testFlowPauseReachesAnUnnotifiedDispatcher[pgx.Tx], testFlowPauseReachesAnUnnotifiedDispatcher[*sql.Tx])
+}
+
+// testFlowPauseReachesAnUnnotifiedDispatcher checks how soon a pause
+// reaches a dispatcher that hears no notification (docs/flow-control.md,
+// "How soon a change reaches the dispatchers"): at its next claim for a
+// tool it knows to have flow control, whose claim reads the tool's row;
+// not before its MaintenanceInterval, the next read of which tools have a
+// row, for a tool that had none.
+func testFlowPauseReachesAnUnnotifiedDispatcher[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+
+	// startUnnotified starts a dispatcher that never hears a notification
+	// and reads which tools have flow control only when it starts (its
+	// MaintenanceInterval is an hour), and waits for its first claim, which
+	// comes after that read has returned (a statement is counted when it
+	// starts).
+	startUnnotified := func(t *testing.T, bundle *testBundle[TTx]) *statementCounter {
+		t.Helper()
+		pool, counter := countedPool(t, driver.URL(t))
+		client := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: bundle.registry, NotifyDisabled: true})
+		start(t, mustDispatcherWith(t, client, dispatcher.Config{
+			PollInterval: 5 * time.Millisecond, MaintenanceInterval: time.Hour, MaintenanceDisabled: true,
+		}))
+		require.Eventually(t, func() bool { return counter.count("OutboxClaimBatch") > 0 }, time.Minute, 5*time.Millisecond)
+		require.Equal(t, 1, counter.count("ToolList"))
+		return counter
+	}
+
+	t.Run("AToolWithFlowControlAtTheNextClaim", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		_, err := bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: 100},
+			outbox.LimitParams{By: "alice", Reason: "provider quota"})
+		require.NoError(t, err)
+		counter := startUnnotified(t, bundle)
+		require.Eventually(t, func() bool { return counter.count("OutboxClaimControlled") > 0 }, time.Minute, 5*time.Millisecond)
+
+		_, err = bundle.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "alice", Reason: "provider incident"})
+		require.NoError(t, err)
+		paused := submit(t, bundle.client, "refund", 1)
+		other := submit(t, bundle.client, "provision", 2)
+		// The claim that took the other tool's key read refund's row.
+		awaitState(t, bundle.client, other, outbox.StateSucceeded)
+		res, err := bundle.client.Get(t.Context(), paused)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatePending, res.State)
+		calls, _ := bundle.ledger.count(paused)
+		require.Zero(t, calls)
+	})
+
+	t.Run("AToolWithoutFlowControlNotBeforeMaintenanceInterval", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		counter := startUnnotified(t, bundle)
+
+		_, err := bundle.client.Pause(t.Context(), "refund", outbox.PauseParams{By: "alice", Reason: "provider incident"})
+		require.NoError(t, err)
+		// The dispatcher polls every 5ms, but takes refund's keys with the
+		// plain claim until it reads which tools have a row again.
+		key := submit(t, bundle.client, "refund", 1)
+		awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		require.Zero(t, counter.count("OutboxClaimControlled"))
+	})
+}
+
 func mustDispatcherWith[TTx any](t *testing.T, client *outbox.Client[TTx], config dispatcher.Config) *dispatcher.Dispatcher[TTx] {
 	t.Helper()
 	d, err := dispatcher.New(client, config)

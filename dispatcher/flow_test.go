@@ -3,6 +3,8 @@ package dispatcher_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -356,6 +358,138 @@ func testFlowSlowDown[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 		more := bundle.submitAll(t, bundle.client, callsFrom("refund", 200, 20))
 		for _, key := range more {
 			awaitState(t, bundle.client, key, outbox.StateSucceeded)
+		}
+	})
+
+	// endEarly slows refund down for an hour through its provider, ends the
+	// slow-down with EndSlowDown, and checks that the key it held runs.
+	// notify says whether the dispatcher listens: one that does not holds
+	// the slowed-down tool until its next read of the tools' flow control,
+	// every MaintenanceInterval (50ms here), not until the slow-down's end.
+	endEarly := func(t *testing.T, notify bool) {
+		t.Helper()
+		bundle := setup(t, driver)
+		var calls atomic.Int64
+		registry := outbox.NewRegistry()
+		require.NoError(t, registry.Register("refund", outbox.ProviderFunc(func(context.Context, outbox.Request) (json.RawMessage, error) {
+			if calls.Add(1) == 1 {
+				return nil, outbox.SlowDown(errors.New("429 Too Many Requests"), time.Hour)
+			}
+			return json.RawMessage(`{"id":"re_1"}`), nil
+		}), outbox.IdempotentByKey))
+		client := bundle.clientWith(t, registry)
+		key := submit(t, client, "refund", 1)
+		maintenance := time.Hour // a notification tells the dispatcher
+		if !notify {
+			maintenance = 50 * time.Millisecond
+		}
+		pool, counter := countedPool(t, driver.URL(t))
+		dispatched := driver.ClientOver(t, pool, outbox.Config{Schema: bundle.schema, Registry: registry, NotifyDisabled: !notify})
+		d, err := dispatcher.New(dispatched, dispatcher.Config{
+			PollInterval: 20 * time.Millisecond, MaxAttempts: 1, MaintenanceInterval: maintenance, MaintenanceDisabled: true,
+		})
+		require.NoError(t, err)
+		start(t, d)
+		var status outbox.ToolStatus
+		require.Eventually(t, func() bool {
+			status, err = client.Tool(t.Context(), "refund")
+			require.NoError(t, err)
+			return status.SlowedDown(time.Now())
+		}, time.Minute, 5*time.Millisecond, "the provider's slow down was recorded")
+		// A key submitted now is due, and waits for the slow-down: the
+		// dispatcher's claim finds it so, and holds the tool.
+		later := submit(t, client, "refund", 2)
+		claims := counter.count("OutboxClaimControlled")
+		require.Eventually(t, func() bool { return counter.count("OutboxClaimControlled") > claims },
+			time.Minute, 5*time.Millisecond)
+
+		// Neither a resume nor clearing the limits ends it.
+		status, err = client.Resume(t.Context(), "refund", outbox.ResumeParams{By: "alice"})
+		require.NoError(t, err)
+		require.True(t, status.SlowedDown(time.Now()))
+		// Without notifications the tool keeps a limit, and so its row
+		// after the slow-down ends: the dispatcher's hold of the tool must
+		// end with its next read, not at the slow-down's end.
+		limits := outbox.ToolLimits{}
+		if !notify {
+			limits.MaxInFlight = 100
+		}
+		status, err = client.SetToolLimits(t.Context(), "refund", limits, outbox.LimitParams{By: "alice", Reason: "limits"})
+		require.NoError(t, err)
+		require.True(t, status.SlowedDown(time.Now()))
+
+		status, err = client.EndSlowDown(t.Context(), "refund", outbox.EndSlowDownParams{By: "alice", Reason: "the provider raised our quota"})
+		require.NoError(t, err)
+		require.False(t, status.SlowedDown(time.Now()))
+		// The key the slow down sent back, due in an hour, is due now, and
+		// its attempt was not spent (MaxAttempts is 1).
+		res := awaitState(t, client, key, outbox.StateSucceeded)
+		require.Equal(t, 1, res.Attempts)
+		awaitState(t, client, later, outbox.StateSucceeded)
+		require.EqualValues(t, 3, calls.Load())
+		tools, err := client.Tools(t.Context())
+		require.NoError(t, err)
+		if notify {
+			require.Empty(t, tools, "a tool with no limit, pause or slow-down keeps no row")
+		} else {
+			require.Len(t, tools, 1)
+			require.Equal(t, limits, tools[0].Limits)
+		}
+		actions, err := client.ToolActions(t.Context(), "refund")
+		require.NoError(t, err)
+		require.Len(t, actions, 2, "the resume of a tool not paused recorded nothing")
+		require.Equal(t, outbox.ToolAction{At: actions[0].At, Action: "end_slow_down", By: "alice", Reason: "the provider raised our quota"}, actions[0])
+		require.Equal(t, "limit", actions[1].Action)
+
+		// Ending it again changes nothing and records nothing.
+		_, err = client.EndSlowDown(t.Context(), "refund", outbox.EndSlowDownParams{By: "alice", Reason: "again"})
+		require.NoError(t, err)
+		actions, err = client.ToolActions(t.Context(), "refund")
+		require.NoError(t, err)
+		require.Len(t, actions, 2)
+	}
+
+	t.Run("AnOperatorEndsASlowDownEarly", func(t *testing.T) {
+		t.Parallel()
+		endEarly(t, true)
+	})
+
+	t.Run("AnOperatorEndsASlowDownEarlyUnnotified", func(t *testing.T) {
+		t.Parallel()
+		endEarly(t, false)
+	})
+
+	t.Run("EndingASlowDownKeepsLimitsAndPauses", func(t *testing.T) {
+		t.Parallel()
+		bundle := setup(t, driver)
+		_, err := pgoncetest.Pool(t).Exec(t.Context(), `INSERT INTO "`+bundle.schema+`".pgonce_tool (tool, not_before)
+			VALUES ('refund', now() + interval '1 hour'), ('email', now() + interval '1 hour')`)
+		require.NoError(t, err)
+		_, err = bundle.client.SetToolLimits(t.Context(), "refund", outbox.ToolLimits{MaxInFlight: 5},
+			outbox.LimitParams{By: "test", Reason: "five at a time"})
+		require.NoError(t, err)
+		_, err = bundle.client.Pause(t.Context(), "email", outbox.PauseParams{By: "test", Reason: "incident"})
+		require.NoError(t, err)
+		for _, tool := range []string{"refund", "email"} {
+			status, err := bundle.client.EndSlowDown(t.Context(), tool, outbox.EndSlowDownParams{By: "test", Reason: "quota raised"})
+			require.NoError(t, err)
+			require.False(t, status.SlowedDown(time.Now()), tool)
+		}
+		statuses, err := bundle.client.Tools(t.Context())
+		require.NoError(t, err)
+		require.Len(t, statuses, 2)
+		require.True(t, statuses[0].Paused)
+		require.Equal(t, 5, statuses[1].Limits.MaxInFlight)
+		for _, bad := range []struct {
+			tool   string
+			params outbox.EndSlowDownParams
+		}{
+			{"Refund", outbox.EndSlowDownParams{By: "a", Reason: "b"}},
+			{"refund", outbox.EndSlowDownParams{By: "a"}},
+			{"refund", outbox.EndSlowDownParams{Reason: "b"}},
+		} {
+			_, err := bundle.client.EndSlowDown(t.Context(), bad.tool, bad.params)
+			require.ErrorIs(t, err, outbox.ErrInvalidParams, "%+v", bad)
 		}
 	})
 

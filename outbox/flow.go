@@ -6,7 +6,6 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/pgonce/pgonce/internal/store"
 )
@@ -71,6 +70,13 @@ type ToolStatus struct {
 	SlowedUntil time.Time
 	// UpdatedAt is when the tool's flow control last changed.
 	UpdatedAt time.Time
+	// Known reports that a call may use the tool now: it is registered in
+	// the client's [Config.Registry], or a key of it is pending or in
+	// flight in the schema. A tool that is not known is most often a
+	// misspelt name; its flow control applies to calls yet to come. A
+	// client without a registry, as the CLI's, knows a tool by its keys
+	// alone, and a tool whose keys have all finished is not known to it.
+	Known bool
 }
 
 // SlowedDown reports whether the tool was slowed down at now.
@@ -94,6 +100,17 @@ type ResumeParams struct {
 	Reason string
 }
 
+// EndSlowDownParams say who ends a tool's slow-down early and why, for
+// [Client.EndSlowDown].
+type EndSlowDownParams struct {
+	// By names who decided. Required: at most 2000 bytes of valid UTF-8,
+	// without NUL bytes.
+	By string
+	// Reason says why. Required, with the same rules as By: the decision
+	// overrides what the tool's provider asked for.
+	Reason string
+}
+
 // LimitParams say who sets a tool's limits and why, for
 // [Client.SetToolLimits].
 type LimitParams struct {
@@ -104,17 +121,18 @@ type LimitParams struct {
 	Reason string
 }
 
-// toolNameMaxBytes bounds a tool's name in pgonce_tool.
-const toolNameMaxBytes = 2000
-
-func validateToolName(tool string) error {
+// CheckToolName returns nil when tool is a name a [Call.Tool] may have,
+// and otherwise an error matching [ErrInvalidParams] that names the rule:
+// ^[a-z][a-z0-9_.:-]{0,63}$. [Client.Pause], [Client.Resume] and
+// [Client.SetToolLimits] apply it, so that no flow control is set on a name
+// that no call can use; it is exported for front ends that want to refuse a
+// name before they ask anything else.
+func CheckToolName(tool string) error {
 	switch {
 	case tool == "":
 		return fmt.Errorf("%w: tool is required", ErrInvalidParams)
-	case len(tool) > toolNameMaxBytes:
-		return fmt.Errorf("%w: tool must be at most %d bytes", ErrInvalidParams, toolNameMaxBytes)
-	case !utf8.ValidString(tool) || strings.IndexByte(tool, 0) >= 0:
-		return fmt.Errorf("%w: tool must be valid UTF-8 without NUL bytes", ErrInvalidParams)
+	case !validToolName(tool):
+		return fmt.Errorf("%w: tool %s must match %s", ErrInvalidParams, quoteShort(tool), toolNamePattern)
 	}
 	return nil
 }
@@ -123,15 +141,17 @@ func validateToolName(tool string) error {
 // its keys until [Client.Resume], and calls already in flight finish.
 // Submits still accept the tool's keys, which wait, pending. The decision
 // is recorded with who and why ([Client.ToolActions]); pausing a paused
-// tool keeps the first pause and records nothing. Dispatchers learn of the
-// pause by notification, at once, or by their next PollInterval.
+// tool keeps the first pause and records nothing. How soon dispatchers
+// stop claiming the tool's keys (at once when they listen) is in
+// docs/flow-control.md, "How soon a change reaches the dispatchers".
 //
 // [Client.Do] is not paused: an inline call runs when its caller asks.
 //
-// It returns [ErrInvalidParams] for a missing or malformed tool or params,
-// and changes nothing then.
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed params, and changes nothing
+// then.
 func (c *Client[TTx]) Pause(ctx context.Context, tool string, params PauseParams) (ToolStatus, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return ToolStatus{}, err
 	}
 	if err := validateAudit(params.By, params.Reason); err != nil {
@@ -146,12 +166,14 @@ func (c *Client[TTx]) Pause(ctx context.Context, tool string, params PauseParams
 
 // Resume ends a tool's pause: dispatchers claim its keys again, within its
 // limits. The decision is recorded with who and why; resuming a tool that
-// is not paused changes nothing and records nothing.
+// is not paused changes nothing and records nothing. A slow-down its
+// provider asked for stays until it ends or [Client.EndSlowDown].
 //
-// It returns [ErrInvalidParams] for a missing or malformed tool or params,
-// and changes nothing then.
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed params, and changes nothing
+// then.
 func (c *Client[TTx]) Resume(ctx context.Context, tool string, params ResumeParams) (ToolStatus, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return ToolStatus{}, err
 	}
 	reason := params.Reason
@@ -168,17 +190,46 @@ func (c *Client[TTx]) Resume(ctx context.Context, tool string, params ResumePara
 	return c.Tool(ctx, tool)
 }
 
+// EndSlowDown ends a tool's slow-down ([SlowDown]) before the time its
+// provider asked for: dispatchers claim its keys again at once, within its
+// limits and unless it is paused, and its pending keys that the slow-down
+// held (those due before its end) are due now. It is an operator's
+// override: a provider that still cannot keep up answers with another slow
+// down, which starts a new one. The decision is recorded with who and why
+// (action "end_slow_down"); ending the slow-down of a tool that is not
+// slowed down changes nothing and records nothing. [Client.Resume] and
+// clearing the limits leave a slow-down in place.
+//
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed params, and changes nothing
+// then.
+func (c *Client[TTx]) EndSlowDown(ctx context.Context, tool string, params EndSlowDownParams) (ToolStatus, error) {
+	if err := CheckToolName(tool); err != nil {
+		return ToolStatus{}, err
+	}
+	if err := validateAudit(params.By, params.Reason); err != nil {
+		return ToolStatus{}, err
+	}
+	p := &store.ToolActParams{Tool: tool, By: params.By, Reason: params.Reason, Channel: c.workChannel(), Now: c.nowParam()}
+	if _, err := c.store.ToolEndSlowDown(ctx, p); err != nil {
+		return ToolStatus{}, fmt.Errorf("end tool slow-down: %w", err)
+	}
+	return c.Tool(ctx, tool)
+}
+
 // SetToolLimits sets a tool's limits, enforced by the database across every
 // dispatcher of the schema: a claim never takes more of the tool's keys
-// than its free budget. Zero limits clear them. A tool without limits, a
-// pause or a slow-down costs its claims nothing; one with any has its
-// claims take its budget one after the other (see docs/flow-control.md).
+// than its free budget. Zero limits clear them (a slow-down stays:
+// [Client.EndSlowDown]). A tool without limits, a pause or a slow-down
+// costs its claims nothing; one with any has its claims take its budget
+// one after the other (see docs/flow-control.md).
 // The decision is recorded with who and why.
 //
-// It returns [ErrInvalidParams] for a missing or malformed tool, limits or
-// params, and changes nothing then.
+// It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]) or missing or malformed limits or params, and changes
+// nothing then.
 func (c *Client[TTx]) SetToolLimits(ctx context.Context, tool string, limits ToolLimits, params LimitParams) (ToolStatus, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return ToolStatus{}, err
 	}
 	limits = limits.withDefaults()
@@ -210,13 +261,15 @@ func (c *Client[TTx]) Tools(ctx context.Context) ([]ToolStatus, error) {
 	}
 	statuses := make([]ToolStatus, 0, len(controls))
 	for _, tc := range controls {
-		statuses = append(statuses, toolStatus(tc))
+		s := toolStatus(tc)
+		s.Known = tc.OpenKeys || c.config.Registry.Lookup(tc.Tool) != nil
+		statuses = append(statuses, s)
 	}
 	return statuses, nil
 }
 
-// Tool returns the flow control of tool: a status with only its name when
-// it has none.
+// Tool returns the flow control of tool: a status with only its name and
+// Known when it has none.
 func (c *Client[TTx]) Tool(ctx context.Context, tool string) (ToolStatus, error) {
 	statuses, err := c.Tools(ctx)
 	if err != nil {
@@ -227,23 +280,30 @@ func (c *Client[TTx]) Tool(ctx context.Context, tool string) (ToolStatus, error)
 			return s, nil
 		}
 	}
-	return ToolStatus{Tool: tool}, nil
+	status := ToolStatus{Tool: tool, Known: c.config.Registry.Lookup(tool) != nil}
+	if !status.Known {
+		if status.Known, err = c.store.ToolOpenKeys(ctx, tool); err != nil {
+			return ToolStatus{}, fmt.Errorf("read tool: %w", err)
+		}
+	}
+	return status, nil
 }
 
-// ToolAction is an operator's decision on a tool: a pause, a resume or
-// limits set.
+// ToolAction is an operator's decision on a tool: a pause, a resume,
+// limits set or a slow-down ended.
 type ToolAction struct {
 	At time.Time
-	// Action is "pause", "resume" or "limit".
+	// Action is "pause", "resume", "limit" or "end_slow_down".
 	Action string
 	By     string
 	Reason string
 }
 
 // ToolActions returns up to 100 of the operator decisions on tool, newest
-// first.
+// first. It returns [ErrInvalidParams] for a tool name no call can have
+// ([CheckToolName]).
 func (c *Client[TTx]) ToolActions(ctx context.Context, tool string) ([]ToolAction, error) {
-	if err := validateToolName(tool); err != nil {
+	if err := CheckToolName(tool); err != nil {
 		return nil, err
 	}
 	rows, err := c.store.ToolActions(ctx, tool, 100)

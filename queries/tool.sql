@@ -13,9 +13,40 @@ SELECT
     pgonce_tool.paused_by,
     pgonce_tool.paused_reason,
     pgonce_tool.updated_at,
+    -- open_keys: whether a key of the tool is pending or in flight, read
+    -- through the due and in-flight indexes (an operator who paused a
+    -- misspelt name is told that no call uses it).
+    (EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+    ) OR EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.lease_until IS NOT NULL
+    ))::boolean AS open_keys,
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_tool
 ORDER BY pgonce_tool.tool;
+
+-- name: ToolOpenKeys :one
+-- ToolOpenKeys reports whether a key of the tool is pending or in
+-- flight, as ToolList's open_keys does, for a tool without a row.
+SELECT (EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = @tool::text
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+) OR EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = @tool::text
+        AND pgonce_key.lease_until IS NOT NULL
+))::boolean AS open_keys;
 
 -- name: ToolPause :one
 -- ToolPause pauses a tool, and records who did it and why. Pausing a paused
@@ -494,3 +525,85 @@ SELECT
     (SELECT count(*) FROM spent)::bigint AS spent
 FROM claimed
 ORDER BY claimed.key;
+
+-- name: ToolEndSlowDown :one
+-- ToolEndSlowDown ends a tool's slow-down before its not_before, and
+-- records who did it and why: an operator's override of what a provider
+-- asked for. The tool's pending keys due before not_before, which the
+-- slow-down held (ToolThrottle made them due at its not_before), are due
+-- at once. A tool left with no limit and no pause loses its row, so that
+-- its keys are claimed by the plain claim again. A tool that is not slowed
+-- down changes nothing and records nothing (changed is 0).
+WITH slowed AS (
+    SELECT
+        pgonce_tool.tool,
+        pgonce_tool.not_before
+    FROM /* TEMPLATE: schema */pgonce_tool
+    WHERE pgonce_tool.tool = @tool::text
+        AND pgonce_tool.not_before > coalesce(sqlc.narg('now')::timestamptz, now())
+    FOR UPDATE
+),
+dropped AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_tool
+    USING slowed
+    WHERE pgonce_tool.tool = slowed.tool
+        AND pgonce_tool.max_in_flight IS NULL
+        AND pgonce_tool.rate IS NULL
+        AND pgonce_tool.paused_at IS NULL
+    RETURNING pgonce_tool.tool
+),
+kept AS (
+    UPDATE /* TEMPLATE: schema */pgonce_tool
+    SET
+        not_before = NULL,
+        updated_at = coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM slowed
+    WHERE pgonce_tool.tool = slowed.tool
+        AND NOT (pgonce_tool.max_in_flight IS NULL
+            AND pgonce_tool.rate IS NULL
+            AND pgonce_tool.paused_at IS NULL)
+    RETURNING pgonce_tool.tool
+),
+ended AS (
+    SELECT dropped.tool FROM dropped
+    UNION ALL
+    SELECT kept.tool FROM kept
+),
+due AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET available_at = coalesce(sqlc.narg('now')::timestamptz, now())
+    FROM slowed
+    WHERE pgonce_key.tool = slowed.tool
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+        AND pgonce_key.available_at > coalesce(sqlc.narg('now')::timestamptz, now())
+        AND pgonce_key.available_at <= slowed.not_before
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_tool_action (
+        acted_at,
+        tool,
+        action,
+        acted_by,
+        reason
+    )
+    SELECT
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        ended.tool,
+        'end_slow_down',
+        @acted_by::text,
+        @reason::text
+    FROM ended
+    RETURNING pgonce_tool_action.id
+),
+notified AS (
+    SELECT pg_notify(@channel::text, 'tool:' || ended.tool)
+    FROM ended
+    WHERE @channel::text <> ''
+)
+SELECT
+    (SELECT count(*) FROM ended)::bigint AS changed,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM due)::bigint AS due,
+    (SELECT count(*) FROM notified)::bigint AS notified;

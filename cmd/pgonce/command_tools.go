@@ -47,7 +47,8 @@ exits 0. Inline calls (Client.Do) are not paused.`,
 							visibleText(tool), formatTime(before.PausedAt), visibleText(before.PausedBy), visibleText(before.PausedReason)), nil
 					}
 					after, err := client.Pause(ctx, tool, outbox.PauseParams{By: *by, Reason: *reason})
-					return after, fmt.Sprintf("paused %s by %s; its keys wait until `pgonce resume %s`", visibleText(tool), visibleText(*by), visibleText(tool)), err
+					msg := fmt.Sprintf("paused %s by %s; its keys wait until `pgonce resume %s`", visibleText(tool), visibleText(*by), visibleText(tool))
+					return after, msg + unknownToolNote(after, "the pause applies"), err
 				})
 			}
 		},
@@ -57,13 +58,22 @@ exits 0. Inline calls (Client.Do) are not paused.`,
 func resumeCommand() *command {
 	return &command{
 		name:     "resume",
-		synopsis: "resume TOOL [--reason TEXT] [--by WHO] [--json]",
-		summary:  "end a tool's pause: dispatchers claim its keys again, within its limits",
+		synopsis: "resume TOOL [--slow-down] [--reason TEXT] [--by WHO] [--json]",
+		summary:  "end a tool's pause, or with --slow-down its provider's slow-down: dispatchers claim its keys again",
 		help: `Ends a tool's pause: dispatchers claim its keys again, within its limits.
 Who (and why, if given) are recorded (see tools TOOL). Resuming a tool that
-is not paused records nothing and exits 0.`,
+is not paused records nothing and exits 0. A slow-down its provider asked
+for (a 429 with Retry-After) stays: see --slow-down.
+
+With --slow-down, ends the tool's slow-down instead, before the time its
+provider asked for, and leaves a pause alone: its keys the slow-down held
+are due at once. --reason is then required, as this overrides the
+provider; a provider that still cannot keep up slows the tool down again.
+
+  pgonce resume refund --slow-down --reason "Stripe raised our rate limit"`,
 		flags: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-			reason := fs.String("reason", "", "why (optional)")
+			slowDown := fs.Bool("slow-down", false, "end the provider's slow-down instead of the pause (needs --reason)")
+			reason := fs.String("reason", "", "why (optional; required with --slow-down)")
 			by := fs.String("by", operatorName(), "who decides (default: $USER, else $LOGNAME, else the account running pgonce)")
 			asJSON := fs.Bool("json", false, "print JSON")
 			return func(ctx context.Context, args []string) error {
@@ -74,12 +84,33 @@ is not paused records nothing and exits 0.`,
 				if *by == "" {
 					return usageErrorf("--by is required: neither $USER, $LOGNAME nor the operating system names who runs pgonce")
 				}
+				if *slowDown {
+					if *reason == "" {
+						return usageErrorf("--slow-down needs --reason: say why the provider's slow-down ends early")
+					}
+					return e.toolAct(ctx, tool, *asJSON, func(client *outbox.Client[pgx.Tx], before outbox.ToolStatus) (outbox.ToolStatus, string, error) {
+						if !before.SlowedDown(time.Now()) {
+							return before, fmt.Sprintf("%s is not slowed down; nothing changed", visibleText(tool)), nil
+						}
+						after, err := client.EndSlowDown(ctx, tool, outbox.EndSlowDownParams{By: *by, Reason: *reason})
+						msg := fmt.Sprintf("ended the slow-down of %s by %s; its keys are due now", visibleText(tool), visibleText(*by))
+						if after.Paused {
+							msg += fmt.Sprintf("\n%s is still paused: `pgonce resume %s` ends the pause", visibleText(tool), visibleText(tool))
+						}
+						return after, msg, err
+					})
+				}
 				return e.toolAct(ctx, tool, *asJSON, func(client *outbox.Client[pgx.Tx], before outbox.ToolStatus) (outbox.ToolStatus, string, error) {
 					if !before.Paused {
 						return before, fmt.Sprintf("%s is not paused; nothing changed", visibleText(tool)), nil
 					}
 					after, err := client.Resume(ctx, tool, outbox.ResumeParams{By: *by, Reason: *reason})
-					return after, fmt.Sprintf("resumed %s by %s", visibleText(tool), visibleText(*by)), err
+					msg := fmt.Sprintf("resumed %s by %s", visibleText(tool), visibleText(*by))
+					if after.SlowedDown(time.Now()) {
+						msg += fmt.Sprintf("\n%s is still slowed down until %s, as its provider asked: `pgonce resume %s --slow-down` ends it",
+							visibleText(tool), formatTime(after.SlowedUntil), visibleText(tool))
+					}
+					return after, msg, err
 				})
 			}
 		},
@@ -95,8 +126,8 @@ func limitCommand() *command {
 --max-in-flight calls of the tool at once, and on average --rate calls
 started per second with up to --burst at once (default: the rate rounded
 up). The limits given replace the tool's limits: a kind not given is no
-limit of that kind. --clear removes every limit. Who and why are recorded
-(see tools TOOL).
+limit of that kind. --clear removes every limit (a provider's slow-down
+stays: see resume --slow-down). Who and why are recorded (see tools TOOL).
 
   pgonce limit refund --max-in-flight 25 --rate 20 --reason "Stripe live-mode limit"
   pgonce limit refund --clear --reason "moved to the batch API"`,
@@ -139,7 +170,8 @@ limit of that kind. --clear removes every limit. Who and why are recorded
 					if *clearLimits {
 						return after, fmt.Sprintf("cleared the limits of %s by %s", visibleText(tool), visibleText(*by)), err
 					}
-					return after, fmt.Sprintf("limited %s to %s by %s", visibleText(tool), formatLimits(after.Limits), visibleText(*by)), err
+					msg := fmt.Sprintf("limited %s to %s by %s", visibleText(tool), formatLimits(after.Limits), visibleText(*by))
+					return after, msg + unknownToolNote(after, "the limits apply"), err
 				})
 			}
 		},
@@ -167,6 +199,9 @@ that tool's flow control and the operator decisions on it, newest first.`,
 				}
 				defer c.close()
 				if len(args) == 1 {
+					if err := outbox.CheckToolName(args[0]); err != nil {
+						return usageOrError(err)
+					}
 					return e.tool(ctx, client, args[0], *asJSON)
 				}
 				statuses, err := client.Tools(ctx)
@@ -282,10 +317,24 @@ func (e *env) toolAct(ctx context.Context, tool string, asJSON bool,
 	return nil
 }
 
-// oneTool returns the one TOOL argument of a command.
+// unknownToolNote is the line that tells an operator that no call uses the
+// tool they just acted on, most often a misspelt name, or "" when one
+// does. what says what applies to the calls yet to come.
+func unknownToolNote(s outbox.ToolStatus, what string) string {
+	if s.Known || s.Tool == "" {
+		return ""
+	}
+	return fmt.Sprintf("\nno call of tool %s has been seen (no key of it is pending or in flight); %s to future calls", visibleText(s.Tool), what)
+}
+
+// oneTool returns the one TOOL argument of a command, refusing a name no
+// call can have before anything is read or written.
 func oneTool(args []string) (string, error) {
 	if len(args) != 1 {
 		return "", usageErrorf("want exactly one TOOL")
+	}
+	if err := outbox.CheckToolName(args[0]); err != nil {
+		return "", usageOrError(err)
 	}
 	return args[0], nil
 }
@@ -302,13 +351,15 @@ type toolJSON struct {
 	SlowedDown   bool       `json:"slowed_down"`
 	SlowedUntil  *time.Time `json:"slowed_until,omitempty"`
 	UpdatedAt    *time.Time `json:"updated_at,omitempty"`
+	// Known is outbox.ToolStatus.Known: false for a tool no call uses.
+	Known bool `json:"known"`
 }
 
 func toolJSONOf(s outbox.ToolStatus, now time.Time) toolJSON {
 	j := toolJSON{
 		Tool: s.Tool, MaxInFlight: s.Limits.MaxInFlight, Rate: s.Limits.Rate, Burst: s.Limits.Burst,
 		Paused: s.Paused, PausedAt: timePtr(s.PausedAt), PausedBy: s.PausedBy, PausedReason: s.PausedReason,
-		SlowedDown: s.SlowedDown(now), UpdatedAt: timePtr(s.UpdatedAt),
+		SlowedDown: s.SlowedDown(now), UpdatedAt: timePtr(s.UpdatedAt), Known: s.Known,
 	}
 	if j.SlowedDown {
 		j.SlowedUntil = timePtr(s.SlowedUntil)

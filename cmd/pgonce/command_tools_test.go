@@ -3,9 +3,11 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgonce/pgonce/internal/ident"
 	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 )
@@ -137,6 +139,15 @@ func TestTools(t *testing.T) {
 			{"limit", "refund", "--max-in-flight", "3", "--by", "alice"},
 			{"tools", "refund", "email"},
 			{"tools", "re\xfffund"},
+			// Names no call can have: a typo must not look like it worked.
+			{"pause", "Bad Tool!", "--reason", "x", "--by", "alice"},
+			{"pause", "Refund", "--reason", "x", "--by", "alice"},
+			{"pause", "a b", "--reason", "x", "--by", "alice"},
+			{"pause", strings.Repeat("t", 65), "--reason", "x", "--by", "alice"},
+			{"resume", "Refund", "--by", "alice"},
+			{"limit", "Refund", "--max-in-flight", "3", "--reason", "x", "--by", "alice"},
+			{"limit", "a b", "--clear", "--reason", "x", "--by", "alice"},
+			{"tools", "Refund"},
 		} {
 			res := pgonce(t, append([]string{"--schema", f.schema}, args...)...)
 			require.Equal(t, exitUsage, res.code, "%q: %s", args, res.stderr)
@@ -152,10 +163,79 @@ func TestTools(t *testing.T) {
 		}
 		code := run(t.Context(), args, &stdout, &stderr)
 		require.Equal(t, exitUsage, code, stderr.String())
-		require.Contains(t, stderr.String(), "without NUL bytes")
+		require.Contains(t, stderr.String(), "must match ^[a-z][a-z0-9_.:-]{0,63}$")
 		statuses, err := f.client.Tools(t.Context())
 		require.NoError(t, err)
 		require.Empty(t, statuses)
+		var recorded int
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(),
+			`SELECT count(*) FROM `+ident.Quote(f.schema)+`.pgonce_tool_action`).Scan(&recorded))
+		require.Zero(t, recorded, "no decision is recorded")
+	})
+
+	t.Run("AToolNoCallUsesIsNamed", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		res := pgonce(t, "--schema", f.schema, "pause", "nosuchtool", "--reason", "incident", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "paused nosuchtool by alice")
+		require.Contains(t, res.stdout, "no call of tool nosuchtool has been seen (no key of it is pending or in flight); the pause applies to future calls")
+		res = pgonce(t, "--schema", f.schema, "limit", "nosuchtool", "--max-in-flight", "3", "--reason", "quota", "--by", "alice", "--json")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Equal(t, false, decodeJSON(t, res.stdout)["known"])
+
+		// A tool with a pending key is used: nothing more is said.
+		_, err := f.client.Submit(t.Context(), f.call("refund"))
+		require.NoError(t, err)
+		res = pgonce(t, "--schema", f.schema, "pause", "refund", "--reason", "incident", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.NotContains(t, res.stdout, "has been seen")
+		res = pgonce(t, "--schema", f.schema, "limit", "refund", "--max-in-flight", "3", "--reason", "quota", "--by", "alice", "--json")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Equal(t, true, decodeJSON(t, res.stdout)["known"])
+	})
+
+	t.Run("ResumeSlowDownEndsAProvidersSlowDown", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		key, err := f.client.Submit(t.Context(), f.call("refund"))
+		require.NoError(t, err)
+		// A provider's slow-down of an hour, which held the pending key.
+		_, err = pgoncetest.Pool(t).Exec(t.Context(), `WITH slowed AS (
+				INSERT INTO `+ident.Quote(f.schema)+`.pgonce_tool (tool, not_before) VALUES ('refund', now() + interval '1 hour')
+				RETURNING not_before)
+			UPDATE `+ident.Quote(f.schema)+`.pgonce_key SET available_at = slowed.not_before FROM slowed`)
+		require.NoError(t, err)
+
+		res := pgonce(t, "--schema", f.schema, "resume", "refund", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "refund is not paused; nothing changed")
+		res = pgonce(t, "--schema", f.schema, "resume", "refund", "--slow-down", "--by", "alice")
+		require.Equal(t, exitUsage, res.code, res.stderr)
+		require.Contains(t, res.stderr, "--slow-down needs --reason")
+
+		res = pgonce(t, "--schema", f.schema, "resume", "refund", "--slow-down", "--reason", "quota raised", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "ended the slow-down of refund by alice; its keys are due now")
+		status, err := f.client.Tool(t.Context(), "refund")
+		require.NoError(t, err)
+		require.False(t, status.SlowedDown(time.Now()))
+		var due bool
+		require.NoError(t, pgoncetest.Pool(t).QueryRow(t.Context(), `SELECT available_at <= now() FROM `+ident.Quote(f.schema)+`.pgonce_key`).Scan(&due))
+		require.True(t, due, "the key %s the slow-down held is due", key.Key)
+		res = pgonce(t, "--schema", f.schema, "tools", "refund", "--json")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		actions, ok := decodeJSON(t, res.stdout)["actions"].([]any)
+		require.True(t, ok, res.stdout)
+		require.Len(t, actions, 1)
+		newest, ok := actions[0].(map[string]any)
+		require.True(t, ok)
+		require.Equal(t, "end_slow_down", newest["action"])
+		require.Equal(t, "quota raised", newest["reason"])
+
+		res = pgonce(t, "--schema", f.schema, "resume", "refund", "--slow-down", "--reason", "again", "--by", "alice")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "refund is not slowed down; nothing changed")
 	})
 
 	t.Run("ReasonsShowTheirControlsVisibly", func(t *testing.T) {

@@ -30,8 +30,9 @@ const controlPollMin = 50 * time.Millisecond
 //
 // A controlled tool whose claim found no budget for its due keys until a
 // known time (the next tokens of its rate, the end of a slow-down) is held
-// until then: the claims in between, which a freed slot or a notification
-// of new work starts, leave it out and do not lock its row for nothing.
+// until then, or until the next read: the claims in between, which a freed
+// slot or a notification of new work starts, leave it out and do not lock
+// its row for nothing.
 type controls struct {
 	mu        sync.Mutex
 	tools     map[string]bool
@@ -104,6 +105,10 @@ func (c *controls) split(ctx context.Context, s *store.Store, tools []string, no
 		}
 		c.mu.Lock()
 		c.tools, c.readAt, c.stale = read, time.Now(), false
+		// A held tool's row may have changed unnotified (a slow-down
+		// ended early, a limit raised): the read bounds how long a
+		// claimer that hears no notification holds it on old news.
+		clear(c.held)
 		c.mu.Unlock()
 	}
 	c.mu.Lock()

@@ -261,6 +261,122 @@ func (q *Queries) ToolActionList(ctx context.Context, db DBTX, arg *ToolActionLi
 	return items, nil
 }
 
+const toolEndSlowDown = `-- name: ToolEndSlowDown :one
+WITH slowed AS (
+    SELECT
+        pgonce_tool.tool,
+        pgonce_tool.not_before
+    FROM /* TEMPLATE: schema */pgonce_tool
+    WHERE pgonce_tool.tool = $1::text
+        AND pgonce_tool.not_before > coalesce($2::timestamptz, now())
+    FOR UPDATE
+),
+dropped AS (
+    DELETE FROM /* TEMPLATE: schema */pgonce_tool
+    USING slowed
+    WHERE pgonce_tool.tool = slowed.tool
+        AND pgonce_tool.max_in_flight IS NULL
+        AND pgonce_tool.rate IS NULL
+        AND pgonce_tool.paused_at IS NULL
+    RETURNING pgonce_tool.tool
+),
+kept AS (
+    UPDATE /* TEMPLATE: schema */pgonce_tool
+    SET
+        not_before = NULL,
+        updated_at = coalesce($2::timestamptz, now())
+    FROM slowed
+    WHERE pgonce_tool.tool = slowed.tool
+        AND NOT (pgonce_tool.max_in_flight IS NULL
+            AND pgonce_tool.rate IS NULL
+            AND pgonce_tool.paused_at IS NULL)
+    RETURNING pgonce_tool.tool
+),
+ended AS (
+    SELECT dropped.tool FROM dropped
+    UNION ALL
+    SELECT kept.tool FROM kept
+),
+due AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET available_at = coalesce($2::timestamptz, now())
+    FROM slowed
+    WHERE pgonce_key.tool = slowed.tool
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+        AND pgonce_key.available_at > coalesce($2::timestamptz, now())
+        AND pgonce_key.available_at <= slowed.not_before
+    RETURNING pgonce_key.key
+),
+recorded AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_tool_action (
+        acted_at,
+        tool,
+        action,
+        acted_by,
+        reason
+    )
+    SELECT
+        coalesce($2::timestamptz, now()),
+        ended.tool,
+        'end_slow_down',
+        $3::text,
+        $4::text
+    FROM ended
+    RETURNING pgonce_tool_action.id
+),
+notified AS (
+    SELECT pg_notify($5::text, 'tool:' || ended.tool)
+    FROM ended
+    WHERE $5::text <> ''
+)
+SELECT
+    (SELECT count(*) FROM ended)::bigint AS changed,
+    (SELECT count(*) FROM recorded)::bigint AS recorded,
+    (SELECT count(*) FROM due)::bigint AS due,
+    (SELECT count(*) FROM notified)::bigint AS notified
+`
+
+type ToolEndSlowDownParams struct {
+	Tool    string
+	Now     *time.Time
+	ActedBy string
+	Reason  string
+	Channel string
+}
+
+type ToolEndSlowDownRow struct {
+	Changed  int64
+	Recorded int64
+	Due      int64
+	Notified int64
+}
+
+// ToolEndSlowDown ends a tool's slow-down before its not_before, and
+// records who did it and why: an operator's override of what a provider
+// asked for. The tool's pending keys due before not_before, which the
+// slow-down held (ToolThrottle made them due at its not_before), are due
+// at once. A tool left with no limit and no pause loses its row, so that
+// its keys are claimed by the plain claim again. A tool that is not slowed
+// down changes nothing and records nothing (changed is 0).
+func (q *Queries) ToolEndSlowDown(ctx context.Context, db DBTX, arg *ToolEndSlowDownParams) (*ToolEndSlowDownRow, error) {
+	row := db.QueryRow(ctx, toolEndSlowDown,
+		arg.Tool,
+		arg.Now,
+		arg.ActedBy,
+		arg.Reason,
+		arg.Channel,
+	)
+	var i ToolEndSlowDownRow
+	err := row.Scan(
+		&i.Changed,
+		&i.Recorded,
+		&i.Due,
+		&i.Notified,
+	)
+	return &i, err
+}
+
 const toolForget = `-- name: ToolForget :many
 DELETE FROM /* TEMPLATE: schema */pgonce_tool
 WHERE pgonce_tool.tool = any($1::text[])
@@ -314,6 +430,21 @@ SELECT
     pgonce_tool.paused_by,
     pgonce_tool.paused_reason,
     pgonce_tool.updated_at,
+    -- open_keys: whether a key of the tool is pending or in flight, read
+    -- through the due and in-flight indexes (an operator who paused a
+    -- misspelt name is told that no call uses it).
+    (EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.state = 'open'
+            AND pgonce_key.lease_until IS NULL
+    ) OR EXISTS (
+        SELECT 1
+        FROM /* TEMPLATE: schema */pgonce_key
+        WHERE pgonce_key.tool = pgonce_tool.tool
+            AND pgonce_key.lease_until IS NOT NULL
+    ))::boolean AS open_keys,
     coalesce($1::timestamptz, now())::timestamptz AS now
 FROM /* TEMPLATE: schema */pgonce_tool
 ORDER BY pgonce_tool.tool
@@ -333,6 +464,7 @@ type ToolListRow struct {
 	PausedBy     *string
 	PausedReason *string
 	UpdatedAt    time.Time
+	OpenKeys     bool
 	Now          time.Time
 }
 
@@ -358,6 +490,7 @@ func (q *Queries) ToolList(ctx context.Context, db DBTX, arg *ToolListParams) ([
 			&i.PausedBy,
 			&i.PausedReason,
 			&i.UpdatedAt,
+			&i.OpenKeys,
 			&i.Now,
 		); err != nil {
 			return nil, err
@@ -450,6 +583,34 @@ func (q *Queries) ToolLock(ctx context.Context, db DBTX, arg *ToolLockParams) ([
 		return nil, err
 	}
 	return items, nil
+}
+
+const toolOpenKeys = `-- name: ToolOpenKeys :one
+SELECT (EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = $1::text
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NULL
+) OR EXISTS (
+    SELECT 1
+    FROM /* TEMPLATE: schema */pgonce_key
+    WHERE pgonce_key.tool = $1::text
+        AND pgonce_key.lease_until IS NOT NULL
+))::boolean AS open_keys
+`
+
+type ToolOpenKeysParams struct {
+	Tool string
+}
+
+// ToolOpenKeys reports whether a key of the tool is pending or in
+// flight, as ToolList's open_keys does, for a tool without a row.
+func (q *Queries) ToolOpenKeys(ctx context.Context, db DBTX, arg *ToolOpenKeysParams) (bool, error) {
+	row := db.QueryRow(ctx, toolOpenKeys, arg.Tool)
+	var open_keys bool
+	err := row.Scan(&open_keys)
+	return open_keys, err
 }
 
 const toolPause = `-- name: ToolPause :one

@@ -30,6 +30,8 @@ type ToolControl struct {
 	PausedBy     string
 	PausedReason string
 	UpdatedAt    time.Time
+	// OpenKeys reports that a key of the tool is pending or in flight.
+	OpenKeys bool
 	// Now is the database's clock at the read.
 	Now time.Time
 }
@@ -45,6 +47,7 @@ func (s *Store) ToolControls(ctx context.Context, now *time.Time) ([]*ToolContro
 				NotBefore: row.NotBefore,
 				PausedAt:  row.PausedAt,
 				UpdatedAt: row.UpdatedAt,
+				OpenKeys:  row.OpenKeys,
 				Now:       row.Now,
 			}
 			if row.MaxInFlight != nil {
@@ -66,8 +69,18 @@ func (s *Store) ToolControls(ctx context.Context, now *time.Time) ([]*ToolContro
 	return controls, err
 }
 
+// ToolOpenKeys reports whether a key of tool is pending or in flight.
+func (s *Store) ToolOpenKeys(ctx context.Context, tool string) (open bool, err error) {
+	err = s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		open, err = q.ToolOpenKeys(ctx, db, &dbpgx.ToolOpenKeysParams{Tool: tool})
+		return err
+	})
+	return open, err
+}
+
 // ToolActParams say which tool an operator acts on, who and why, for
-// [Store.ToolPause], [Store.ToolResume] and [Store.ToolSetLimits].
+// [Store.ToolPause], [Store.ToolResume], [Store.ToolSetLimits] and
+// [Store.ToolEndSlowDown].
 type ToolActParams struct {
 	Tool   string
 	By     string
@@ -102,6 +115,22 @@ func (s *Store) ToolPause(ctx context.Context, p *ToolActParams) (changed bool, 
 func (s *Store) ToolResume(ctx context.Context, p *ToolActParams) (changed bool, err error) {
 	err = s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
 		row, err := q.ToolResume(ctx, db, &dbpgx.ToolResumeParams{
+			Tool: p.Tool, ActedBy: p.By, Reason: p.Reason, Channel: p.Channel, Now: p.Now,
+		})
+		if err == nil {
+			changed = row.Changed > 0
+		}
+		return err
+	})
+	return changed, err
+}
+
+// ToolEndSlowDown ends a tool's slow-down early, makes the keys it held due
+// at once, and records the decision. changed is false, and nothing is
+// recorded, when the tool was not slowed down.
+func (s *Store) ToolEndSlowDown(ctx context.Context, p *ToolActParams) (changed bool, err error) {
+	err = s.run(ctx, func(q *dbpgx.Queries, db dbpgx.DBTX) error {
+		row, err := q.ToolEndSlowDown(ctx, db, &dbpgx.ToolEndSlowDownParams{
 			Tool: p.Tool, ActedBy: p.By, Reason: p.Reason, Channel: p.Channel, Now: p.Now,
 		})
 		if err == nil {

@@ -118,7 +118,12 @@ func (h *Handler) toolAction(w http.ResponseWriter, r *http.Request) (tool, acti
 		h.refuse(w, r, http.StatusForbidden, "This console is read-only (--read-only): actions are off; nothing was changed.")
 		return "", "", false
 	}
-	return r.PathValue("tool"), action, true
+	tool = r.PathValue("tool")
+	if err := outbox.CheckToolName(tool); err != nil {
+		h.refuse(w, r, http.StatusBadRequest, err.Error()+"; nothing was changed.")
+		return "", "", false
+	}
+	return tool, action, true
 }
 
 func (h *Handler) toolConfirm(w http.ResponseWriter, r *http.Request) {

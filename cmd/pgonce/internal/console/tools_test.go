@@ -19,6 +19,9 @@ import (
 	"github.com/pgonce/pgonce/outbox"
 )
 
+// toolRule is the words of a refusal of a tool name no call can have.
+const toolRule = "must match ^[a-z][a-z0-9_.:-]{0,63}$"
+
 func TestToolActions(t *testing.T) {
 	t.Parallel()
 	drivertest.Each(t, testToolActions[pgx.Tx], testToolActions[*sql.Tx])
@@ -142,9 +145,12 @@ func testToolActions[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 			{"NoBy", "/tools/refund/pause", form(func(v url.Values) { v.Set("by", " ") }), http.StatusBadRequest, "Say who you are and why"},
 			{"NoReason", "/tools/refund/pause", form(func(v url.Values) { v.Del("reason") }), http.StatusBadRequest, "Say who you are and why"},
 			{"UnknownAction", "/tools/refund/stop", form(func(url.Values) {}), http.StatusNotFound, "want pause or resume"},
-			{"NULInTool", "/tools/re%00fund/pause", form(func(url.Values) {}), http.StatusBadRequest, "tool must be valid UTF-8 without NUL bytes"},
-			{"InvalidUTF8Tool", "/tools/re%FFfund/pause", form(func(url.Values) {}), http.StatusBadRequest, "tool must be valid UTF-8 without NUL bytes"},
-			{"HugeTool", "/tools/" + strings.Repeat("t", 3000) + "/pause", form(func(url.Values) {}), http.StatusBadRequest, "tool must be at most 2000 bytes"},
+			{"NULInTool", "/tools/re%00fund/pause", form(func(url.Values) {}), http.StatusBadRequest, toolRule},
+			{"InvalidUTF8Tool", "/tools/re%FFfund/pause", form(func(url.Values) {}), http.StatusBadRequest, toolRule},
+			{"HugeTool", "/tools/" + strings.Repeat("t", 3000) + "/pause", form(func(url.Values) {}), http.StatusBadRequest, toolRule},
+			{"ToolNoCallCanHave", "/tools/Bad%20Tool%21/pause", form(func(url.Values) {}), http.StatusBadRequest, toolRule},
+			{"UpperCaseTool", "/tools/Refund/resume", form(func(url.Values) {}), http.StatusBadRequest, toolRule},
+			{"LongTool", "/tools/" + strings.Repeat("t", 65) + "/pause", form(func(url.Values) {}), http.StatusBadRequest, toolRule},
 			{"HugeReason", "/tools/refund/pause", form(func(v url.Values) { v.Set("reason", strings.Repeat("r", 3000)) }), http.StatusBadRequest, "Reason"},
 			{"NULInReason", "/tools/refund/pause", form(func(v url.Values) { v.Set("reason", "a\x00b") }), http.StatusBadRequest, "Reason"},
 		} {
@@ -154,6 +160,14 @@ func testToolActions[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 			for _, text := range []string{"SQLSTATE", "22021", "invalid byte sequence", "pgonce_tool"} {
 				require.NotContains(t, page, text, tt.name)
 			}
+		}
+		// The confirmation page refuses such a name too, before it offers
+		// a form.
+		for _, path := range []string{"/tools/Bad%20Tool%21/pause", "/tools/Refund/resume", "/tools/a%20b/pause"} {
+			status, page := b.get(t, path)
+			require.Equal(t, http.StatusBadRequest, status, "%s: %.400s", path, page)
+			require.Contains(t, page, toolRule, path)
+			require.NotContains(t, page, `name="csrf"`, path)
 		}
 		toolUnchanged(t, b, before)
 		for _, record := range logs.Records() {
@@ -182,21 +196,26 @@ func testToolActions[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
 	t.Run("BidiControlsInPausesShownVisibly", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, driver, console.Config{})
-		tool := "refund\u202e"
 		csrf := b.confirmTool(t, "refund", "pause")
-		status, page := b.send(t, http.MethodPost, "/tools/"+url.PathEscape(tool)+"/pause", url.Values{
+		status, page := b.send(t, http.MethodPost, "/tools/refund/pause", url.Values{
 			"csrf": {csrf}, "by": {"ana\u202e"}, "reason": {"incident\u2067 at the provider" + bidi},
 		}, nil)
 		require.Equal(t, http.StatusOK, status, page)
 		requireNoRawBidi(t, "result", page)
 		require.Contains(t, html.UnescapeString(page), "ana⟨U+202E⟩")
-		for _, path := range []string{"/", "/tools/" + url.PathEscape(tool) + "/resume"} {
+		for _, path := range []string{"/", "/tools/refund/resume"} {
 			status, page = b.get(t, path)
 			require.Equal(t, http.StatusOK, status, path)
 			requireNoRawBidi(t, path, page)
 			page = html.UnescapeString(page)
-			require.Contains(t, page, "refund⟨U+202E⟩", path)
 			require.Contains(t, page, "incident⟨U+2067⟩ at the provider⟨U+061C⟩", path)
 		}
+		// A tool named with a bidi control is no tool a call can have: its
+		// refusal shows the name without reordering the page.
+		path := "/tools/" + url.PathEscape("refund\u202e") + "/pause"
+		status, page = b.send(t, http.MethodPost, path, url.Values{"csrf": {csrf}, "by": {"ana"}, "reason": {"r"}}, nil)
+		require.Equal(t, http.StatusBadRequest, status, page)
+		requireNoRawBidi(t, path, page)
+		require.Contains(t, page, toolRule)
 	})
 }
