@@ -14,6 +14,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -171,11 +173,17 @@ func DropSchema(tb testing.TB, schema string) {
 
 // Main runs the tests of a package that uses the harness, releases the
 // shared database and container, and then checks that no goroutine leaked.
+// While the tests run, slog's default logger discards what it is given:
+// a test that wants its logs passes [Logger], which writes them to the
+// test's log, and the clients of package drivertest get one; the rest
+// (deliberate panics' stacks, a killed connection's errors) would bury
+// the one failure among them.
 func Main(m *testing.M) { MainThen(m, nil) }
 
 // MainThen is [Main] that calls then, when not nil, with the exit code of the
 // tests before anything is released, and exits with the code then returns.
 func MainThen(m *testing.M, then func(code int) int) {
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	code := m.Run()
 	if then != nil {
 		code = then(code)
