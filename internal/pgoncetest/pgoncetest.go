@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -340,4 +341,32 @@ func TombstoneStatement(schema string) string {
 		completed_at = coalesce($2::timestamptz, completed_at),
 		forget_at = coalesce($2::timestamptz, completed_at) + interval '1 year'
 		WHERE key = $1`
+}
+
+// NewDatabase creates an empty database that no other test uses, for a
+// program that migrates pgonce's default schema (the README's quick start),
+// and returns its URL. The database is dropped when tb ends, its
+// connections closed.
+func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	base := DatabaseURL(tb)
+	name := NewSchemaName(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := Pool(tb).Exec(ctx, "CREATE DATABASE "+ident.Quote(name)); err != nil {
+		tb.Fatalf("create database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := Pool(tb).Exec(ctx, "DROP DATABASE IF EXISTS "+ident.Quote(name)+" WITH (FORCE)"); err != nil {
+			tb.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		tb.Fatalf("parse database url: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
 }
