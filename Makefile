@@ -17,6 +17,8 @@ SDKTEST       := telemetry/internal/sdktest
 # agent SDK ever enters the core module's graph (docs/agents.md).
 AGENT_MODULES := agents/pgonceopenai agents/pgonceanthropic agents/pgoncemcp
 AGENT_SDKS    := github.com/(openai/openai-go|anthropics/anthropic-sdk-go|modelcontextprotocol/go-sdk)
+# Every module make test runs, each whatever the others did (.ci/test).
+TEST_MODULES  := . $(SDKTEST) $(AGENT_MODULES)
 
 .DEFAULT_GOAL := help
 
@@ -43,6 +45,7 @@ verify: tools ## Fail when generated code is stale, code is unformatted or vet c
 	@! go list -deps -test ./... | grep -x 'go.opentelemetry.io/otel/sdk.*' || { echo 'the OpenTelemetry SDK must stay out of the core module: test telemetry with it in $(SDKTEST)'; exit 1; }
 	@set -e; for m in $(AGENT_MODULES); do echo "vet $$m"; (cd $$m && go vet ./... && go mod verify); done
 	@! go list -deps -test ./... | grep -E '^$(AGENT_SDKS)' || { echo 'agent SDKs must stay out of the core module: adapters live in $(AGENT_MODULES)'; exit 1; }
+	@! grep -n 'replace github.com/pgonce/pgonce\b' $(addsuffix /go.mod,$(SDKTEST) $(AGENT_MODULES) bench) || { echo 'modules require a version of the core module; go.work joins them for development'; exit 1; }
 
 .PHONY: lint
 lint: tools ## Run golangci-lint
@@ -51,23 +54,41 @@ lint: tools ## Run golangci-lint
 	@set -e; for m in $(AGENT_MODULES); do echo "lint $$m"; (cd $$m && $(GOLANGCI_LINT) run --allow-parallel-runners ./...); done
 
 .PHONY: setup
-setup: ## Start or install PostgreSQL and install what the tests need when missing (.ci/setup)
-	bash .ci/setup
+setup: ## Set up what the tests need, only what is missing: PostgreSQL (or Docker for a container), PgBouncer, Chromium, faketime (.ci/setup test)
+	bash .ci/setup test
 
 .PHONY: test
-test: setup ## Run the tests against PostgreSQL, the fault campaign's quick profile included (see docs/development.md)
+test: setup ## Run every module's tests with -race against PostgreSQL, the fault campaign's quick profile included; list every failure at the end (see docs/development.md)
 	@rm -f $(FAULTS_SUMMARY)
-	PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) go test -race -count=1 -timeout=45m ./...
-	cd $(SDKTEST) && go test -race -count=1 -timeout=45m ./...
-	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go test -race -count=1 -timeout=45m ./...); done
-	@cat $(FAULTS_SUMMARY) 2>/dev/null || true
+	@status=0; PGONCE_FAULTS_SUMMARY=$(FAULTS_SUMMARY) PGONCE_TEST_MODULES='$(TEST_MODULES)' bash .ci/test -race -count=1 -timeout=45m || status=$$?; \
+		cat $(FAULTS_SUMMARY) 2>/dev/null || true; exit $$status
+
+.PHONY: outside
+outside: ## Test each agent adapter as a user gets it: GOWORK=off, the core served by a file:// proxy built from this checkout (.ci/outside)
+	bash .ci/outside $(AGENT_MODULES)
+
+# VERSION is the release's, vX.Y.Z: the CHANGELOG's newest section, and
+# the version of the core module every adapter requires.
+.PHONY: release
+release: ## Check and tag a release: make release VERSION=vX.Y.Z (see docs/development.md#releasing); pushes nothing
+	@echo '$(VERSION)' | grep -Eq '^v[0-9]+\.[0-9]+\.[0-9]+$$' || { echo 'release: VERSION=vX.Y.Z is required'; exit 2; }
+	@test -z "$$(git status --porcelain)" || { echo 'release: the working tree has changes; commit them first'; exit 1; }
+	@grep -q '^## \[$(patsubst v%,%,$(VERSION))\] - ' CHANGELOG.md || { echo 'release: CHANGELOG.md has no section "## [$(patsubst v%,%,$(VERSION))] - DATE"; move [Unreleased] into one'; exit 1; }
+	@set -e; for m in $(AGENT_MODULES); do \
+		grep -Eq '^[[:space:]]*github.com/pgonce/pgonce $(VERSION)$$' $$m/go.mod || { echo "release: $$m/go.mod must require github.com/pgonce/pgonce $(VERSION)"; exit 1; }; \
+	done
+	bash .ci/outside $(AGENT_MODULES)
+	git tag -a $(VERSION) -m 'pgonce $(VERSION)'
+	@set -e; for m in $(AGENT_MODULES); do git tag -a $$m/$(VERSION) -m "$$m $(VERSION)"; echo "tagged $$m/$(VERSION)"; done
+	@echo 'release: tagged; publish with: git push origin $(VERSION) $(addsuffix /$(VERSION),$(AGENT_MODULES))'
 
 .PHONY: test-busy
 test-busy: ## Run make test with two CPU-bound hogs per core beside it, as on a busy machine; it must pass (.ci/busy)
 	bash .ci/busy $(MAKE) --no-print-directory test
 
 .PHONY: demo
-demo: setup ## Run the refund demo against the local PostgreSQL (set up by .ci/setup when missing)
+demo: ## Run the refund demo against PostgreSQL: DATABASE_URL, else 127.0.0.1:5432, started or installed when missing (.ci/setup demo)
+	bash .ci/setup demo
 	go run ./cmd/pgonce demo
 
 .PHONY: faults
@@ -83,10 +104,8 @@ failover: ## Run the failover campaign in every replication mode and print its f
 	@cat $(FAILOVER_SUMMARY)
 
 .PHONY: test/short
-test/short: ## Run the tests without the race detector
-	go test -count=1 ./...
-	cd $(SDKTEST) && go test -count=1 ./...
-	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go test -count=1 ./...); done
+test/short: ## Run every module's tests without the race detector; list every failure at the end
+	PGONCE_TEST_MODULES='$(TEST_MODULES)' bash .ci/test -count=1
 
 # Each fuzz target runs for FUZZTIME; plain `go test` runs only the seed
 # corpora in testdata/fuzz, which is what CI does.
@@ -144,8 +163,6 @@ bench-instructions: ## Count PostgreSQL's instructions per submit and per draine
 	bench/instructions.sh
 
 .PHONY: tidy
-tidy: ## go mod tidy, of the core module, of the telemetry SDK tests' own, of bench/ and of the agent adapters
+tidy: ## go mod tidy, of the core module, and of the modules beside it over a local proxy of the core (tidy does not read go.work)
 	go mod tidy
-	cd $(SDKTEST) && go mod tidy
-	cd bench && go mod tidy
-	@set -e; for m in $(AGENT_MODULES); do (cd $$m && go mod tidy); done
+	bash .ci/outside --tidy $(SDKTEST) bench $(AGENT_MODULES)

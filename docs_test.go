@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgonce/pgonce/dispatcher"
+	"github.com/pgonce/pgonce/internal/pgoncetest"
 	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/reconcile"
 )
@@ -41,7 +42,48 @@ const quickstartMarker = "<!-- quickstart -->"
 // into the source tree, and nothing is downloaded.
 func TestReadmeQuickstartBuilds(t *testing.T) {
 	t.Parallel()
+	buildQuickstart(t)
+}
 
+// TestReadmeQuickstartRuns runs the README's quick start as a newcomer
+// would: without DATABASE_URL it stops with an error that names it and
+// connects nowhere; with it, over a database of its own, it prints its one
+// line, the succeeded observation, and the replay on a second run, and
+// nothing else: no log line of pgonce's.
+func TestReadmeQuickstartRuns(t *testing.T) {
+	t.Parallel()
+	bin := buildQuickstart(t)
+	run := func(env ...string) (stdout, stderr string, err error) {
+		var out, errOut bytes.Buffer
+		cmd := exec.CommandContext(t.Context(), bin)
+		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return strings.HasPrefix(kv, "DATABASE_URL=")
+		}), env...)
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err = cmd.Run()
+		return out.String(), errOut.String(), err
+	}
+
+	stdout, stderr, err := run()
+	require.Error(t, err, "without DATABASE_URL the quick start must fail")
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "DATABASE_URL is not set")
+
+	databaseURL := pgoncetest.NewDatabase(t)
+	for i, want := range []string{`"status":"succeeded"`, `"replayed":true`} {
+		stdout, stderr, err = run("DATABASE_URL=" + databaseURL)
+		require.NoError(t, err, "run %d; stderr: %s", i+1, stderr)
+		require.Empty(t, stderr, "run %d: pgonce logged without a Logger", i+1)
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		require.Len(t, lines, 1, "run %d prints one line: %s", i+1, stdout)
+		require.Contains(t, lines[0], want, "run %d", i+1)
+	}
+}
+
+// buildQuickstart extracts the README's quick start, checks its form, and
+// builds it; it returns the program's path.
+func buildQuickstart(t *testing.T) string {
+	t.Helper()
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	code, err := quickstart(readme)
@@ -74,11 +116,13 @@ func TestReadmeQuickstartBuilds(t *testing.T) {
 
 	goTool, err := exec.LookPath("go")
 	require.NoError(t, err, "building the quick start needs the go command")
-	build := exec.CommandContext(t.Context(), goTool, "build", "-overlay", overlayPath, "-o", os.DevNull, "./readme-quickstart")
+	bin := filepath.Join(dir, "quickstart")
+	build := exec.CommandContext(t.Context(), goTool, "build", "-overlay", overlayPath, "-o", bin, "./readme-quickstart")
 	build.Dir = root
 	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "the README's quick start does not build:\n%s", out)
+	return bin
 }
 
 // quickstart returns the fenced Go block that follows the quick-start marker.

@@ -120,7 +120,9 @@ type Config struct {
 	// value works.
 	Reconcile ReconcileConfig
 
-	// Logger receives the dispatcher's logs. Defaults to the client's.
+	// Logger receives the dispatcher's logs. Defaults to the client's
+	// ([outbox.Config.Logger]), which passes on only warnings and errors
+	// unless the client was given a Logger.
 	Logger *slog.Logger
 }
 

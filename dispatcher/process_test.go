@@ -1,6 +1,7 @@
 package dispatcher_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -240,4 +241,38 @@ func testProcessesKilledLeaderIsReplaced[TTx any](t *testing.T, driver drivertes
 	actedOn, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{string(stranded)}, actedOn)
+}
+
+func TestProcessLogsNothingInASteadyStateByDefault(t *testing.T) {
+	t.Parallel()
+	// The default logger is the client's, whatever the driver: one suffices.
+	testProcessLogsNothingInASteadyStateByDefault(t, drivertest.Pgx())
+}
+
+// testProcessLogsNothingInASteadyStateByDefault runs a dispatcher process
+// with maintenance on and no Logger anywhere, through an election, a call
+// and a graceful stop: the process's log (slog's default, on stderr) holds
+// nothing, as a library that was not asked to talk should leave it.
+func testProcessLogsNothingInASteadyStateByDefault[TTx any](t *testing.T, driver drivertest.Driver[TTx]) {
+	t.Helper()
+	bundle := setup(t, driver)
+	_, err := pgoncetest.Pool(t).Exec(t.Context(), `CREATE TABLE "`+bundle.schema+`".ledger (key text NOT NULL, pid integer NOT NULL)`)
+	require.NoError(t, err)
+
+	var stderr bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^$") //nolint:gosec // the test binary itself
+	cmd.Env = append(os.Environ(), childSchemaEnv+"="+bundle.schema, childURLEnv+"="+driver.URL(t),
+		childDriverEnv+"="+driver.Name, childMaintenanceEnv+"=1")
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+
+	awaitLeader(t, bundle.schema, fmt.Sprintf("child-%d", cmd.Process.Pid))
+	awaitState(t, bundle.client, submit(t, bundle.client, "refund", 1), outbox.StateSucceeded)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "stderr: %s", &stderr)
+	require.Empty(t, stderr.String(), "a dispatcher without a Logger logs nothing below a warning")
 }

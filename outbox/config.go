@@ -169,7 +169,13 @@ type Config struct {
 	// bytes of valid UTF-8, without NUL bytes. Defaults to hostname:pid.
 	WorkerID string
 
-	// Logger receives the client's logs. Defaults to slog.Default().
+	// Logger receives the client's logs, and those of the dispatchers and
+	// reconcilers over the client unless they are given their own.
+	// Defaults to the handler of slog.Default() at the time of [New] or
+	// [NewPgx], passed only records at [slog.LevelWarn] and above: a
+	// library says nothing in a steady state unless asked, while warnings
+	// and errors still reach the process's log. docs/operating.md lists
+	// the log lines and their levels.
 	Logger *slog.Logger
 
 	// Pooling says how the pool's connections reach PostgreSQL: directly
@@ -226,7 +232,7 @@ func (c Config) withDefaults() Config {
 		c.WorkerID = fmt.Sprintf("%s:%d", cmp.Or(host, "localhost"), os.Getpid())
 	}
 	if c.Logger == nil {
-		c.Logger = slog.Default()
+		c.Logger = slog.New(minLevelHandler{next: slog.Default().Handler(), min: slog.LevelWarn})
 	}
 	c.Middleware = slices.Clone(c.Middleware)
 	return c
@@ -258,4 +264,27 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: WorkerID must be valid UTF-8 without NUL bytes", ErrInvalidConfig)
 	}
 	return nil
+}
+
+// minLevelHandler passes next only the records at min and above: the
+// default [Config.Logger].
+type minLevelHandler struct {
+	next slog.Handler
+	min  slog.Level
+}
+
+func (h minLevelHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return level >= h.min && h.next.Enabled(ctx, level)
+}
+
+func (h minLevelHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.next.Handle(ctx, r)
+}
+
+func (h minLevelHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevelHandler{next: h.next.WithAttrs(attrs), min: h.min}
+}
+
+func (h minLevelHandler) WithGroup(name string) slog.Handler {
+	return minLevelHandler{next: h.next.WithGroup(name), min: h.min}
 }

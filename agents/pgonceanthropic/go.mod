@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgonce/pgonce v0.0.0
+	github.com/pgonce/pgonce v0.2.0
 	github.com/stretchr/testify v1.12.1
 )
 
@@ -39,6 +39,3 @@ require (
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 )
-
-// The adapter is built and tested with the pgonce beside it.
-replace github.com/pgonce/pgonce => ../..

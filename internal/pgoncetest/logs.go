@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,4 +121,34 @@ func (h *logsHandler) WithGroup(name string) slog.Handler {
 	next := *h
 	next.prefix = h.prefix + name + "."
 	return &next
+}
+
+// Logger returns a logger that writes records at info and above to tb.Log,
+// so that a test's logs show only when it fails (or under -v), beside its
+// failure. Records that arrive once tb's cleanups ran (a goroutine that
+// outlived its test) are dropped, as tb.Log would panic.
+func Logger(tb testing.TB) *slog.Logger {
+	w := &testLogWriter{tb: tb}
+	tb.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.done = true
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// testLogWriter writes each record of [Logger] to its test's log.
+type testLogWriter struct {
+	tb   testing.TB
+	mu   sync.Mutex
+	done bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.tb.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
 }

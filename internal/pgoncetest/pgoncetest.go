@@ -14,6 +14,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -171,11 +174,17 @@ func DropSchema(tb testing.TB, schema string) {
 
 // Main runs the tests of a package that uses the harness, releases the
 // shared database and container, and then checks that no goroutine leaked.
+// While the tests run, slog's default logger discards what it is given:
+// a test that wants its logs passes [Logger], which writes them to the
+// test's log, and the clients of package drivertest get one; the rest
+// (deliberate panics' stacks, a killed connection's errors) would bury
+// the one failure among them.
 func Main(m *testing.M) { MainThen(m, nil) }
 
 // MainThen is [Main] that calls then, when not nil, with the exit code of the
 // tests before anything is released, and exits with the code then returns.
 func MainThen(m *testing.M, then func(code int) int) {
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	code := m.Run()
 	if then != nil {
 		code = then(code)
@@ -332,4 +341,32 @@ func TombstoneStatement(schema string) string {
 		completed_at = coalesce($2::timestamptz, completed_at),
 		forget_at = coalesce($2::timestamptz, completed_at) + interval '1 year'
 		WHERE key = $1`
+}
+
+// NewDatabase creates an empty database that no other test uses, for a
+// program that migrates pgonce's default schema (the README's quick start),
+// and returns its URL. The database is dropped when tb ends, its
+// connections closed.
+func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	base := DatabaseURL(tb)
+	name := NewSchemaName(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := Pool(tb).Exec(ctx, "CREATE DATABASE "+ident.Quote(name)); err != nil {
+		tb.Fatalf("create database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := Pool(tb).Exec(ctx, "DROP DATABASE IF EXISTS "+ident.Quote(name)+" WITH (FORCE)"); err != nil {
+			tb.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		tb.Fatalf("parse database url: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
 }

@@ -262,9 +262,14 @@ func (d Driver[TTx]) Pool(tb testing.TB) *pgxpool.Pool {
 
 // ClientOver returns a client over pool (a pool of the test's own: a
 // killable one, one behind a proxy, one with a shifted clock). The handle
-// it opens over pool closes when tb ends; the pool stays its owner's.
+// it opens over pool closes when tb ends; the pool stays its owner's. A
+// config without a Logger gets [pgoncetest.Logger]: what the client, and
+// the dispatchers and reconcilers over it, log goes to tb's log.
 func (d Driver[TTx]) ClientOver(tb testing.TB, pool *pgxpool.Pool, config outbox.Config) *outbox.Client[TTx] {
 	tb.Helper()
+	if config.Logger == nil {
+		config.Logger = pgoncetest.Logger(tb)
+	}
 	client, closeFunc, err := d.openFunc(pool, config)
 	require.NoError(tb, err, "open a %s client", d.Name)
 	tb.Cleanup(closeFunc)
