@@ -49,7 +49,7 @@ func TestKeyInvariantsRefuseBrokenRows(t *testing.T) {
 		{"pgonce_key_completed_check", "completed_at = now()"},
 		{"pgonce_key_retention_check", "expires_at = now()"},
 		{"pgonce_key_retention_check", "forget_at = now()"},
-		{"pgonce_key_tool_settings_check", "delivery = 3"},
+		{"pgonce_key_tool_settings_check", "delivery = 4"},
 		{"pgonce_key_tool_settings_check", "key_retention_ms = 0"},
 		{"pgonce_key_tool_settings_check", "metadata = '{'"},
 		{"pgonce_key_call_check", "tool = NULL"},

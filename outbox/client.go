@@ -88,6 +88,9 @@ func newClient[TTx any](config Config, driverFunc func(schema string) (store.Dri
 	if err := config.validate(); err != nil {
 		return nil, err
 	}
+	if err := checkRegistryTx[TTx](config.Registry); err != nil {
+		return nil, err
+	}
 	driver, err := driverFunc(config.Schema)
 	if err != nil {
 		return nil, err

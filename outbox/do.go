@@ -34,6 +34,18 @@ import (
 // for [LookupByNaturalID] tools, and sends [AtMostOnce] tools to
 // [StateNeedsReview].
 //
+// For a [Transactional] tool, Do opens a transaction of the client's type,
+// calls the provider's CallTx in it ([TxProvider]; p, when not nil, must be
+// one too, such as a [TxProviderFunc]), records the response in the same
+// transaction and commits: the effect and the outcome commit together, or
+// neither does, and a failed or interrupted attempt is never uncertain. A
+// provider of another transaction type returns [ErrTxType] before anything
+// runs; a provider that commits or rolls back the transaction itself sends
+// the key to review and returns [ErrTxClosed]; a statement or lock timeout,
+// or a call past [Config.CallTimeout], rolls back and returns
+// [ErrProviderFailed] wrapping [ErrTxTimeout]. A COMMIT whose reply was
+// lost is settled by reading the key back: the Result says whether it took.
+//
 // For a tool registered [ToolOpts.InlineOnly], Do is the only runner: no
 // dispatcher claims its keys, so a key left pending (a provider error, or
 // an expired lease the reconciler put back) runs again only at the next Do
@@ -60,6 +72,15 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		return Result{}, err
 	}
 	d, tool := sub.derivation, sub.tool
+	if tool != nil && tool.Delivery == Transactional {
+		provider := p
+		if provider == nil {
+			provider = tool.Provider
+		}
+		if err := checkTxType[TTx](tool.Name, provider); err != nil {
+			return Result{}, err
+		}
+	}
 	claimedAt := time.Now()
 	claimCtx, cancel := c.statementContext(ctx)
 	res, row, err := c.claim(claimCtx, c.store.Executor(), sub, call, true)
@@ -68,7 +89,7 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		return res, err // an expired key's Result comes with ErrExpired
 	}
 	a := attempt.Attempt{
-		Tool:    attemptTool(tool, p, c.config.Middleware),
+		Tool:    c.attemptTool(tool, p),
 		Request: attempt.Request{Key: string(d.Key), NaturalID: call.NaturalID, Tool: call.Tool, Args: d.Args, Metadata: sub.metadata},
 		Scope:   d.Scope,
 		Lease:   c.config.Lease,
@@ -124,8 +145,11 @@ func (c *Client[TTx]) Do(ctx context.Context, call Call, p Provider) (Result, er
 		return recorded, err
 	}
 	recorded.Created = res.Created
-	if out.Kind == attempt.Retry {
+	switch {
+	case out.Kind == attempt.Retry:
 		return recorded, fmt.Errorf("%w: %w", ErrProviderFailed, out.Err)
+	case errors.Is(out.Err, ErrTxClosed):
+		return recorded, out.Err
 	}
 	return recorded, nil
 }

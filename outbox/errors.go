@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgonce/pgonce/internal/attempt"
 	"github.com/pgonce/pgonce/internal/store"
 	"github.com/pgonce/pgonce/migrations"
 )
@@ -42,6 +43,34 @@ var ErrUnknownTool = errors.New("unknown tool")
 // ErrInvalidRegistration is returned by [Registry.Register] for a tool that
 // cannot be registered.
 var ErrInvalidRegistration = errors.New("invalid tool registration")
+
+// ErrTxRequired is returned by the Call method of a [Transactional] tool's
+// provider ([TxProviderFunc], or one given to [RegisterTx]): such a
+// provider runs only in the transaction that pgonce opens for its attempt,
+// never through [Provider.Call].
+var ErrTxRequired = errors.New("a transactional provider runs only in a transaction")
+
+// ErrTxType is returned by [Client.Do], and recorded as the last error of
+// a dispatcher's attempt, for a [Transactional] tool whose provider takes
+// another transaction type than the client's (a [TxProviderFunc] of pgx.Tx
+// run by a [New] client, say). Nothing runs and nothing is written by Do;
+// a dispatcher's attempt changes nothing and is tried again.
+var ErrTxType = errors.New("transactional provider takes another transaction type than the client's")
+
+// ErrTxTimeout is the error of an attempt of a [Transactional] tool whose
+// transaction hit a statement or lock timeout (SQLSTATE 57014, 55P03), or
+// whose provider held it longer than [Config.CallTimeout]. The transaction
+// was rolled back, effect included, and the key is tried again: a later
+// [Client.Do] or a dispatcher runs it. [Client.Do] returns it wrapped in
+// [ErrProviderFailed].
+var ErrTxTimeout = attempt.ErrTxTimeout
+
+// ErrTxClosed is the error of an attempt of a [Transactional] tool whose
+// provider committed or rolled back the transaction itself. Its effect may
+// then have committed without its outcome, so the key goes to
+// [StateNeedsReview] with this error as its last error, and [Client.Do]
+// returns it beside the key's Result.
+var ErrTxClosed = attempt.ErrTxClosed
 
 // ErrInvalidConfig is returned by [New] and [NewPgx] for an invalid [Config],
 // and for a nil db or pool.

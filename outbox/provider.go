@@ -70,7 +70,7 @@ type Request struct {
 // Delivery says how a tool's outcome is made certain after an attempt whose
 // outcome is unknown (a crash, or a timeout after the request was sent). Its
 // String method returns the delivery's name: "idempotent_by_key",
-// "lookup_by_natural_id" or "at_most_once".
+// "lookup_by_natural_id", "at_most_once" or "transactional".
 type Delivery = store.Delivery
 
 const (
@@ -85,6 +85,13 @@ const (
 	// AtMostOnce tools can do neither: an uncertain attempt sends the key to
 	// [StateNeedsReview], and nothing runs until an operator resolves it.
 	AtMostOnce Delivery = store.DeliveryAtMostOnce
+	// Transactional tools make their effect in the key's own database, in
+	// the transaction that records their outcome (see [TxProvider] and
+	// [RegisterTx]): effect and outcome commit together, or neither does.
+	// No attempt is ever uncertain, so an interrupted one (a crash, a lost
+	// lease, a killed connection) is simply tried again, and its key never
+	// goes to review for want of an outcome.
+	Transactional Delivery = store.DeliveryTransactional
 )
 
 // ToolOpts are optional settings of one tool.
@@ -163,8 +170,10 @@ func (r *Registry) Register(tool string, p Provider, d Delivery) error {
 // RegisterWithOpts adds tool with its provider, delivery mode and settings.
 // It returns an error matching [ErrInvalidRegistration], and registers
 // nothing, for an invalid tool name, a nil provider, an unknown delivery, a
-// [LookupByNaturalID] provider that does not implement [Lookuper], negative
-// durations, or a name already registered.
+// [LookupByNaturalID] provider that does not implement [Lookuper], a
+// [Transactional] provider that is not a [TxProviderFunc] (see
+// [RegisterTx] for any other [TxProvider]) or such a provider under
+// another delivery, negative durations, or a name already registered.
 func (r *Registry) RegisterWithOpts(tool string, p Provider, d Delivery, opts *ToolOpts) error {
 	if opts == nil {
 		opts = &ToolOpts{}
@@ -174,13 +183,16 @@ func (r *Registry) RegisterWithOpts(tool string, p Provider, d Delivery, opts *T
 		return fmt.Errorf("%w: tool name %q must match %s", ErrInvalidRegistration, tool, toolNamePattern)
 	case p == nil:
 		return fmt.Errorf("%w: tool %q: provider must not be nil", ErrInvalidRegistration, tool)
-	case d < IdempotentByKey || d > AtMostOnce:
+	case d < IdempotentByKey || d > Transactional:
 		return fmt.Errorf("%w: tool %q: unknown delivery %d", ErrInvalidRegistration, tool, int(d))
 	case opts.KeyRetention < 0 || opts.Retention < 0:
 		return fmt.Errorf("%w: tool %q: retentions must not be negative", ErrInvalidRegistration, tool)
 	}
 	if _, ok := p.(Lookuper); d == LookupByNaturalID && !ok {
 		return fmt.Errorf("%w: tool %q: a LookupByNaturalID provider must implement outbox.Lookuper", ErrInvalidRegistration, tool)
+	}
+	if _, ok := p.(txTyped); ok != (d == Transactional) {
+		return fmt.Errorf("%w: tool %q: a Transactional tool's provider, and only its, is an outbox.TxProviderFunc or is registered with outbox.RegisterTx", ErrInvalidRegistration, tool)
 	}
 	optsCopy := *opts
 	optsCopy.Middleware = slices.Clone(opts.Middleware)

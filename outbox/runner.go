@@ -30,7 +30,7 @@ func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {
 			if tool == nil {
 				return nil
 			}
-			return attemptTool(tool, nil, c.config.Middleware)
+			return c.attemptTool(tool, nil)
 		},
 		Classify:      classifyError,
 		FailureBody:   failureBody,
@@ -41,8 +41,10 @@ func newRunner[TTx any](c *Client[TTx]) *attempt.Runner {
 
 // attemptTool adapts a registered tool to the attempt machinery; p, when not
 // nil, replaces its provider. The client's middleware runs outside the
-// tool's.
-func attemptTool(tool *Tool, p Provider, middleware []Middleware) *attempt.Tool {
+// tool's. A transactional tool's attempts open a transaction of the
+// client's.
+func (c *Client[TTx]) attemptTool(tool *Tool, p Provider) *attempt.Tool {
+	middleware := c.config.Middleware
 	if p == nil {
 		p = tool.Provider
 	}
@@ -56,6 +58,9 @@ func attemptTool(tool *Tool, p Provider, middleware []Middleware) *attempt.Tool 
 		Retention:       tool.Opts.Retention,
 		ReplicatedClaim: tool.Opts.ReplicatedClaim,
 		Wrap:            wrapFunc(middleware, tool.Opts.Middleware),
+	}
+	if tool.Delivery == Transactional {
+		t.Call, t.Begin = nil, c.beginFunc(tool.Name, p)
 	}
 	if lookuper, ok := p.(Lookuper); ok {
 		t.Lookup = func(ctx context.Context, req attempt.Request) (json.RawMessage, bool, error) {

@@ -234,3 +234,18 @@ SELECT
     coalesce(sqlc.narg('now')::timestamptz, now())::timestamptz AS now
 FROM unnest(@keys::bytea[]) AS wanted (key)
 JOIN /* TEMPLATE: schema */pgonce_key ON pgonce_key.key = wanted.key;
+
+-- name: KeyReadBack :one
+-- KeyReadBack reads where a key stands after a transaction that recorded
+-- its outcome (KeyFinishInTx) lost its connection during COMMIT. FOR SHARE
+-- waits for a transaction still holding the key's row (a COMMIT the server
+-- is still running, or one it has not yet rolled back) and then reads the
+-- row's latest version: the key finished at the attempt if that COMMIT
+-- took, and is still open at the attempt if it did not.
+SELECT
+    pgonce_key.state::text AS state,
+    pgonce_key.attempt,
+    (pgonce_key.lease_until IS NOT NULL)::boolean AS leased
+FROM /* TEMPLATE: schema */pgonce_key
+WHERE pgonce_key.key = @key::bytea
+FOR SHARE;

@@ -299,3 +299,67 @@ WHERE key = sqlc.arg('key')::bytea
     AND state = 'open'
     AND lease_until IS NOT NULL
 RETURNING completed_at;
+
+-- name: KeyFinishInTx :one
+-- KeyFinishInTx records the final outcome of a transactional tool's attempt
+-- in the transaction that holds the tool's effect, fenced as OutboxFinish
+-- fences: only a key still open under a lease at the outcome's attempt is
+-- written, and a caller that gets no row rolls its transaction back, effect
+-- included. The update locks the key's row until the transaction ends, so a
+-- reconciler's reclaim (SKIP LOCKED) passes it by meanwhile. The
+-- notification, like the rows, is sent only if the transaction commits. An
+-- attempt after the first is kept in pgonce_attempt, as OutboxFinish keeps
+-- it, with the claim time and worker that the statement's snapshot still
+-- shows. It is a single-row statement without array parameters, so that it
+-- runs in a *sql.Tx as well.
+WITH updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = sqlc.arg('state')::text::/* TEMPLATE: schema */pgonce_state,
+        response = sqlc.narg('response')::bytea,
+        failure = sqlc.narg('failure')::bytea,
+        lease_until = NULL,
+        worker = NULL,
+        last_error = NULL,
+        available_at = NULL,
+        updated_at = NULL,
+        completed_at = coalesce(sqlc.narg('now')::timestamptz, now()),
+        expires_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('retention_ms')::bigint * interval '1 millisecond',
+        forget_at = coalesce(sqlc.narg('now')::timestamptz, now()) + sqlc.arg('tombstone_ms')::bigint * interval '1 millisecond'
+    WHERE pgonce_key.scope = sqlc.arg('scope')::bytea
+        AND pgonce_key.key = sqlc.arg('key')::bytea
+        AND pgonce_key.attempt = sqlc.arg('attempt')::integer
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NOT NULL
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.scope
+),
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome
+    )
+    SELECT
+        held.key,
+        sqlc.arg('attempt')::integer,
+        held.updated_at,
+        coalesce(sqlc.narg('now')::timestamptz, now()),
+        held.worker,
+        sqlc.arg('state')::text
+    FROM updated
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.scope = updated.scope
+    WHERE sqlc.arg('attempt')::integer > 1
+        OR sqlc.arg('state')::text <> 'succeeded'
+    ON CONFLICT DO NOTHING
+)
+SELECT
+    (CASE
+        WHEN @channel::text <> '' THEN pg_notify(@channel::text, 'k1_' || encode(updated.key, 'hex')) IS NOT NULL
+        ELSE false
+    END)::boolean AS notified
+FROM updated;

@@ -54,6 +54,10 @@ type Tool struct {
 	// ReplicatedClaim makes the claims of the tool's keys commit only once
 	// the synchronous standbys applied them.
 	ReplicatedClaim bool
+	// Begin, set for a transactional tool ([store.DeliveryTransactional])
+	// instead of Call, opens the transaction that an attempt runs the
+	// provider in and records its outcome in.
+	Begin func(ctx context.Context) (Tx, error)
 	// Wrap, when set, runs every call and lookup of the tool: it calls next
 	// to reach the provider, or returns without it to refuse. The runner
 	// classifies what it returns as it would the provider's own answer, and
@@ -291,6 +295,8 @@ type Outcome struct {
 	// for the attempt limit, and the dispatcher throttles the tool and
 	// returns the key without spending the attempt.
 	SlowDown time.Duration
+	// TxEnd says what an attempt of a transactional tool left to record.
+	TxEnd TxEnd
 }
 
 // NewOutcome returns the outcome of a's attempt, of no kind yet
@@ -313,6 +319,11 @@ func (r *Runner) NewOutcome(a Attempt) Outcome {
 // retry n (from 1); nil means none.
 func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) time.Duration) Outcome {
 	tool := a.Tool
+	if tool.Begin != nil {
+		// An earlier attempt of a transactional tool committed with its
+		// outcome or rolled back: none is uncertain.
+		return r.runTx(ctx, a, backoff)
+	}
 	out := r.NewOutcome(a)
 
 	if a.Ambiguous {
@@ -333,7 +344,7 @@ func (r *Runner) Run(ctx context.Context, a Attempt, backoff func(attempt int) t
 		}
 	}
 
-	resp, err := r.call(ctx, tool, &Op{Request: a.Request, Delivery: tool.Delivery, MaxAttempts: a.MaxAttempts})
+	resp, err := r.call(ctx, tool, &Op{Request: a.Request, Delivery: tool.Delivery, MaxAttempts: a.MaxAttempts}, tool.Call)
 	if err == nil {
 		return out.succeeded(resp)
 	}
@@ -377,8 +388,9 @@ const (
 )
 
 // Settle decides, without calling the provider, how attempt a may proceed
-// after an attempt whose outcome is unknown: [AtMostOnce] tools go to
-// review; [ByLookup] tools, and [ByKey] ones past their provider's key
+// after an attempt whose outcome is unknown: transactional tools call
+// again, since an attempt that left its key open rolled back; [AtMostOnce]
+// tools go to review; [ByLookup] tools, and [ByKey] ones past their provider's key
 // retention that can look up, read before they write; the latter without a
 // lookup go to review; the rest retry by key. A lookup runs under
 // [Config.CallTimeout] and a panic in it becomes an error. It is shared by
@@ -392,6 +404,10 @@ func (r *Runner) Settle(ctx context.Context, a Attempt) (Settlement, json.RawMes
 	pastKeyWindow := tool.Delivery == store.DeliveryByKey && tool.KeyRetention > 0 &&
 		!a.FirstAttemptedAt.IsZero() && a.sinceFirstAttempt() > tool.KeyRetention
 	switch {
+	case tool.Delivery == store.DeliveryTransactional:
+		// The attempt's effect committed with its outcome, or rolled back
+		// with it: a key still open had no effect.
+		return SettleNotFound, nil, nil
 	case tool.Delivery == store.DeliveryAtMostOnce:
 		return SettleReview, nil, errors.New("an earlier attempt's outcome is unknown, and an at-most-once tool is never tried again")
 	case tool.Delivery == store.DeliveryByLookup || (pastKeyWindow && tool.Lookup != nil):
@@ -482,7 +498,7 @@ func slowDownDelay(err error) time.Duration {
 // call runs the provider under the call timeout and turns a panic into an
 // ambiguous error, logged with its stack: the provider may have acted before
 // it panicked, so a panic is never taken for "nothing happened".
-func (r *Runner) call(ctx context.Context, tool *Tool, op *Op) (resp json.RawMessage, err error) {
+func (r *Runner) call(ctx context.Context, tool *Tool, op *Op, callFunc func(ctx context.Context, req Request) (json.RawMessage, error)) (resp json.RawMessage, err error) {
 	req := op.Request
 	ctx, cancel := context.WithTimeout(ctx, r.config.CallTimeout)
 	defer cancel()
@@ -494,7 +510,7 @@ func (r *Runner) call(ctx context.Context, tool *Tool, op *Op) (resp json.RawMes
 		}
 	}()
 	res := wrapped(ctx, tool, op, func(ctx context.Context) CallResult {
-		resp, err := tool.Call(ctx, req)
+		resp, err := callFunc(ctx, req)
 		return CallResult{Response: resp, Err: err}
 	})
 	return res.Response, res.Err

@@ -64,10 +64,12 @@ func (op *Op) Outcome(res CallResult, classify func(error) ErrorKind) string {
 	if res.Err == nil {
 		return OutcomeSucceeded
 	}
-	switch classify(res.Err) {
-	case Permanent:
+	switch kind := classify(res.Err); {
+	case kind == Permanent:
 		return OutcomeFailed
-	case Ambiguous:
+	case kind == Ambiguous && op.Delivery != store.DeliveryTransactional:
+		// A transactional tool's failed call rolled back: it is never
+		// uncertain.
 		switch {
 		case op.Delivery == store.DeliveryAtMostOnce, atLimit && op.Delivery != store.DeliveryByKey:
 			return OutcomeNeedsReview

@@ -56,6 +56,10 @@ const (
 // [Runner.logFinal]. Logs go to the logger of ctx ([WithLogger]), or else
 // [Config.Logger].
 //
+// An outcome of a transactional tool's attempt that its transaction
+// already committed ([TxCommitted]) counts as written, and one that left
+// its key as it was ([TxLeft]) writes nothing.
+//
 // Recording continues after ctx is cancelled, for up to [RecordTimeout].
 func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx),
@@ -63,8 +67,16 @@ func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]boo
 	defer cancel()
 	until, _ := ctx.Deadline()
 	var finishes, releases, large []Outcome
+	written := make(map[string]bool, len(outcomes))
 	for _, o := range outcomes {
 		switch {
+		case o.TxEnd == TxCommitted:
+			// Recorded in the transaction that held its effect.
+			written[o.Key] = true
+			r.logFinal(ctx, o)
+		case o.TxEnd == TxLeft:
+			r.logger(ctx).WarnContext(ctx, "pgonce: a transactional attempt wrote nothing; its key is left as the store holds it",
+				"key", o.Key, "tool", o.Tool, "attempt", o.Attempt, "outcome", o.Kind.String())
 		case o.Kind == Retry:
 			releases = append(releases, o)
 		case o.Large():
@@ -73,7 +85,6 @@ func (r *Runner) Record(ctx context.Context, outcomes []Outcome) (map[string]boo
 			finishes = append(finishes, o)
 		}
 	}
-	written := make(map[string]bool, len(outcomes))
 	finishErr := r.recordAll(ctx, until, finishes, r.finish, written)
 	releaseErr := r.recordAll(ctx, until, releases, r.release, written)
 	if finishErr == nil {

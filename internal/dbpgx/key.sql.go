@@ -541,3 +541,36 @@ func (q *Queries) KeyListByScope(ctx context.Context, db DBTX, arg *KeyListBySco
 	}
 	return items, nil
 }
+
+const keyReadBack = `-- name: KeyReadBack :one
+SELECT
+    pgonce_key.state::text AS state,
+    pgonce_key.attempt,
+    (pgonce_key.lease_until IS NOT NULL)::boolean AS leased
+FROM /* TEMPLATE: schema */pgonce_key
+WHERE pgonce_key.key = $1::bytea
+FOR SHARE
+`
+
+type KeyReadBackParams struct {
+	Key []byte
+}
+
+type KeyReadBackRow struct {
+	State   string
+	Attempt int32
+	Leased  bool
+}
+
+// KeyReadBack reads where a key stands after a transaction that recorded
+// its outcome (KeyFinishInTx) lost its connection during COMMIT. FOR SHARE
+// waits for a transaction still holding the key's row (a COMMIT the server
+// is still running, or one it has not yet rolled back) and then reads the
+// row's latest version: the key finished at the attempt if that COMMIT
+// took, and is still open at the attempt if it did not.
+func (q *Queries) KeyReadBack(ctx context.Context, db DBTX, arg *KeyReadBackParams) (*KeyReadBackRow, error) {
+	row := db.QueryRow(ctx, keyReadBack, arg.Key)
+	var i KeyReadBackRow
+	err := row.Scan(&i.State, &i.Attempt, &i.Leased)
+	return &i, err
+}

@@ -66,6 +66,102 @@ func (q *Queries) KeyCompleteInTx(ctx context.Context, db DBTX, arg *KeyComplete
 	return completed_at, err
 }
 
+const keyFinishInTx = `-- name: KeyFinishInTx :one
+WITH updated AS (
+    UPDATE /* TEMPLATE: schema */pgonce_key
+    SET
+        state = $2::text::/* TEMPLATE: schema */pgonce_state,
+        response = $3::bytea,
+        failure = $4::bytea,
+        lease_until = NULL,
+        worker = NULL,
+        last_error = NULL,
+        available_at = NULL,
+        updated_at = NULL,
+        completed_at = coalesce($5::timestamptz, now()),
+        expires_at = coalesce($5::timestamptz, now()) + $6::bigint * interval '1 millisecond',
+        forget_at = coalesce($5::timestamptz, now()) + $7::bigint * interval '1 millisecond'
+    WHERE pgonce_key.scope = $8::bytea
+        AND pgonce_key.key = $9::bytea
+        AND pgonce_key.attempt = $10::integer
+        AND pgonce_key.state = 'open'
+        AND pgonce_key.lease_until IS NOT NULL
+    RETURNING
+        pgonce_key.key,
+        pgonce_key.scope
+),
+history AS (
+    INSERT INTO /* TEMPLATE: schema */pgonce_attempt (
+        key,
+        attempt,
+        started_at,
+        ended_at,
+        worker,
+        outcome
+    )
+    SELECT
+        held.key,
+        $10::integer,
+        held.updated_at,
+        coalesce($5::timestamptz, now()),
+        held.worker,
+        $2::text
+    FROM updated
+    JOIN /* TEMPLATE: schema */pgonce_key AS held ON held.scope = updated.scope
+    WHERE $10::integer > 1
+        OR $2::text <> 'succeeded'
+    ON CONFLICT DO NOTHING
+)
+SELECT
+    (CASE
+        WHEN $1::text <> '' THEN pg_notify($1::text, 'k1_' || encode(updated.key, 'hex')) IS NOT NULL
+        ELSE false
+    END)::boolean AS notified
+FROM updated
+`
+
+type KeyFinishInTxParams struct {
+	Channel     string
+	State       string
+	Response    []byte
+	Failure     []byte
+	Now         *time.Time
+	RetentionMs int64
+	TombstoneMs int64
+	Scope       []byte
+	Key         []byte
+	Attempt     int32
+}
+
+// KeyFinishInTx records the final outcome of a transactional tool's attempt
+// in the transaction that holds the tool's effect, fenced as OutboxFinish
+// fences: only a key still open under a lease at the outcome's attempt is
+// written, and a caller that gets no row rolls its transaction back, effect
+// included. The update locks the key's row until the transaction ends, so a
+// reconciler's reclaim (SKIP LOCKED) passes it by meanwhile. The
+// notification, like the rows, is sent only if the transaction commits. An
+// attempt after the first is kept in pgonce_attempt, as OutboxFinish keeps
+// it, with the claim time and worker that the statement's snapshot still
+// shows. It is a single-row statement without array parameters, so that it
+// runs in a *sql.Tx as well.
+func (q *Queries) KeyFinishInTx(ctx context.Context, db DBTX, arg *KeyFinishInTxParams) (bool, error) {
+	row := db.QueryRow(ctx, keyFinishInTx,
+		arg.Channel,
+		arg.State,
+		arg.Response,
+		arg.Failure,
+		arg.Now,
+		arg.RetentionMs,
+		arg.TombstoneMs,
+		arg.Scope,
+		arg.Key,
+		arg.Attempt,
+	)
+	var notified bool
+	err := row.Scan(&notified)
+	return notified, err
+}
+
 const keyGet = `-- name: KeyGet :one
 SELECT
     pgonce_key.key,

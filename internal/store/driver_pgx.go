@@ -15,6 +15,7 @@ import (
 // PgxDriver serves clients of pgx.Tx over a *pgxpool.Pool.
 type PgxDriver struct {
 	store *Store
+	pool  *pgxpool.Pool
 }
 
 // NewPgxDriver returns a driver over pool for schema, a name that
@@ -38,7 +39,7 @@ func NewPgxDriver(pool *pgxpool.Pool, schema string) (*PgxDriver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &PgxDriver{store: store}, nil
+	return &PgxDriver{store: store, pool: pool}, nil
 }
 
 // UnwrapExecutor returns an executor that runs in tx.

@@ -23,6 +23,7 @@ var ErrNotPgxStdlib = errors.New("database/sql handle must use the pgx stdlib dr
 // stdlib driver.
 type StdDriver struct {
 	store *Store
+	db    *sql.DB
 }
 
 // NewStdDriver returns a driver over db for schema, a name that
@@ -54,7 +55,7 @@ func NewStdDriver(db *sql.DB, schema string) (*StdDriver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &StdDriver{store: store}, nil
+	return &StdDriver{store: store, db: db}, nil
 }
 
 // UnwrapExecutor returns an executor that runs in tx.

@@ -106,7 +106,7 @@ func (s *Store) interpretError(ctx context.Context, err error) error {
 // highest version among the migrations package's files, which
 // TestSchemaVersionIsTheNewestMigration keeps equal to it. It is a constant
 // here so that the store, beneath every public package, imports none.
-const SchemaVersion = 7
+const SchemaVersion = 8
 
 // versionTable is the goose version table the migrations package keeps in
 // the schema.

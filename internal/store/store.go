@@ -81,6 +81,12 @@ type Executor interface {
 	// transaction claimed in flight, or returns [ErrNoRows] when the key is
 	// not held by that attempt and worker.
 	KeyCompleteInTx(ctx context.Context, p *CompleteInTxParams) error
+	// KeyFinishInTx records the final outcome of an attempt of a
+	// transactional tool in the transaction that holds its effect, and
+	// reports whether it was written: false when the attempt no longer
+	// holds the key (its lease was taken over), and the caller must roll
+	// back.
+	KeyFinishInTx(ctx context.Context, p *FinishInTxParams) (bool, error)
 }
 
 // CompleteInTxParams is the outcome [Executor.KeyCompleteInTx] records.
@@ -117,6 +123,12 @@ type Driver[TTx any] interface {
 	UnwrapExecutor(tx TTx) Executor
 	// Store returns the transaction-free operations.
 	Store() *Store
+	// Begin opens a transaction of the driver's own, for a transactional
+	// tool's attempt; Commit and Rollback end it. Their errors are
+	// interpreted as every statement's are.
+	Begin(ctx context.Context) (TTx, error)
+	Commit(ctx context.Context, tx TTx) error
+	Rollback(ctx context.Context, tx TTx) error
 }
 
 // Store holds the operations that need no caller's transaction: each runs as

@@ -17,6 +17,11 @@ const (
 	DeliveryByLookup
 	// DeliveryAtMostOnce means neither: an uncertain attempt goes to review.
 	DeliveryAtMostOnce
+	// DeliveryTransactional means the provider's effect is a write in the
+	// transaction that records its outcome (outbox's Transactional): an
+	// attempt either committed with its outcome or rolled back, so none is
+	// ever uncertain.
+	DeliveryTransactional
 )
 
 // String returns the delivery's name.
@@ -28,6 +33,8 @@ func (d Delivery) String() string {
 		return "lookup_by_natural_id"
 	case DeliveryAtMostOnce:
 		return "at_most_once"
+	case DeliveryTransactional:
+		return "transactional"
 	}
 	return fmt.Sprintf("Delivery(%d)", int(d))
 }

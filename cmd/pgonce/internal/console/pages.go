@@ -87,6 +87,8 @@ func deliveryName(d outbox.Delivery) string {
 		return "lookup by natural id"
 	case outbox.AtMostOnce:
 		return "at most once"
+	case outbox.Transactional:
+		return "transactional"
 	}
 	return strconv.Itoa(int(d))
 }
