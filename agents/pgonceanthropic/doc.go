@@ -1,7 +1,7 @@
 // Package pgonceanthropic runs the tool calls of Claude models exactly once,
 // for runtimes built on the Anthropic Go SDK
 // (github.com/anthropics/anthropic-sdk-go/v2): a model that asks for
-// refund(order=8842, amount=42.00) gets one refund whatever the retries,
+// refund(order=8842, amount="42.00") gets one refund whatever the retries,
 // crashes and re-asks, and reads the same tool result on every ask.
 //
 // It is a module of its own, so that pgonce's core module never depends on an
