@@ -104,7 +104,7 @@ func (c *Caller[TTx]) Register(tool string, delivery outbox.Delivery) error {
 // registered tools and passes every other request on.
 //
 // A call of a registered tool that names no action returns [ErrNoAction],
-// and one whose arguments are not a JSON object with a canonical form returns
+// one that names it in a malformed way returns [ErrInvalidMeta], and one whose arguments are not a JSON object with a canonical form returns
 // a result marked as an error with the invalid_arguments observation; nothing
 // is sent.
 func (c *Caller[TTx]) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
@@ -127,7 +127,7 @@ func (c *Caller[TTx]) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return nil, fmt.Errorf("%w (tool %q)", ErrNoAction, call.Name)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("pgoncemcp: %w", err)
+			return nil, fmt.Errorf("%w: %w", ErrInvalidMeta, err)
 		}
 		args, err := arguments(call.Arguments)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -248,6 +249,15 @@ func TestCaller(t *testing.T) {
 		cs := connect(t, s, a.caller.Middleware)
 		_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}})
 		require.ErrorIs(t, err, pgoncemcp.ErrNoAction)
+		for _, meta := range []mcp.Meta{
+			{pgoncemcp.MetaKey: strings.Repeat("k", outbox.CallStringMaxBytes+1)},
+			{pgoncemcp.MetaKey: "refund\x00order-8842"},
+			{pgoncemcp.MetaRunID: "run\x001", pgoncemcp.MetaStep: 3},
+			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: -1},
+		} {
+			_, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}, Meta: meta})
+			require.ErrorIs(t, err, pgoncemcp.ErrInvalidMeta, "%v", meta)
+		}
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: json.RawMessage(`{"order": 8842, "order": 1}`), Meta: pgoncemcp.StepMeta("run-1", 3)})
 		require.NoError(t, err)
 		obs, ok := pgoncemcp.ObservationOf(res)

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pgonce/pgonce/outbox"
 	"github.com/pgonce/pgonce/toolcall"
 )
 
@@ -47,12 +50,17 @@ type action struct {
 
 // actionOf reads the action a request's _meta names. It returns errNoAction
 // when it names none, and an error saying what is wrong with one that is
-// malformed. A key takes precedence over a run and a step.
+// malformed, as pgonce would refuse it: a key or run id that is not a
+// non-empty string of at most [outbox.CallStringMaxBytes] bytes of UTF-8
+// without NUL, or a step that is not an integer from 0 to 2^53-1. A key takes
+// precedence over a run and a step, which are then ignored, malformed or not,
+// as [outbox.Call] ignores them beside a key.
 func actionOf(meta mcp.Meta) (action, error) {
 	if v, ok := meta[MetaKey]; ok {
 		key, ok := v.(string)
-		if !ok || key == "" {
-			return action{}, fmt.Errorf("_meta %q must be a non-empty string, got %s", MetaKey, describe(v))
+		if !ok || !validString(key) {
+			return action{}, fmt.Errorf("_meta %q must be a non-empty string of at most %d bytes of UTF-8 without NUL, got %s",
+				MetaKey, outbox.CallStringMaxBytes, describe(v))
 		}
 		return action{key: key}, nil
 	}
@@ -62,14 +70,22 @@ func actionOf(meta mcp.Meta) (action, error) {
 		return action{}, errNoAction
 	}
 	runID, ok := runValue.(string)
-	if !ok || runID == "" {
-		return action{}, fmt.Errorf("_meta %q must be a non-empty string beside %q, got %s", MetaRunID, MetaStep, describe(runValue))
+	if !ok || !validString(runID) {
+		return action{}, fmt.Errorf("_meta %q must be a non-empty string of at most %d bytes of UTF-8 without NUL beside %q, got %s",
+			MetaRunID, outbox.CallStringMaxBytes, MetaStep, describe(runValue))
 	}
 	step, ok := stepOf(stepValue)
 	if !ok {
 		return action{}, fmt.Errorf("_meta %q must be an integer from 0 to 2^53-1 beside %q, got %s", MetaStep, MetaRunID, describe(stepValue))
 	}
 	return action{runID: runID, step: step}, nil
+}
+
+// validString reports whether s can name an action in a [outbox.Call]: not
+// empty, at most [outbox.CallStringMaxBytes] bytes of valid UTF-8, without
+// NUL (PostgreSQL text cannot hold it).
+func validString(s string) bool {
+	return s != "" && len(s) <= outbox.CallStringMaxBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // stepOf reads a step from a _meta value: a JSON number that is a whole

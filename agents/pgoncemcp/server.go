@@ -79,6 +79,14 @@ type ServerConfig struct {
 //     runs.
 //   - names no action: refused with a JSON-RPC invalid-params error, or run
 //     as without a guard, as [ServerConfig.Anonymous] says.
+//   - names it in a malformed way (a key or run id that is not a non-empty
+//     string of at most [outbox.CallStringMaxBytes] bytes of UTF-8 without
+//     NUL, a step that is not an integer from 0 to 2^53-1, a run without a
+//     step): refused with a JSON-RPC invalid-params error that names the
+//     _meta name and the rule. Nothing runs.
+//
+// A call whose _meta has both a key and a run with a step is named by the
+// key; the run and the step are then ignored.
 //
 // Tools the guard does not know, and tools annotated read-only, pass through
 // untouched. A Guard is safe for concurrent use.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,17 +90,6 @@ func TestGuard(t *testing.T) {
 		for _, name := range []string{pgoncemcp.MetaKey, pgoncemcp.MetaRunID, pgoncemcp.MetaStep, `"refund"`} {
 			require.Contains(t, wire.Message, name)
 		}
-		for _, meta := range []mcp.Meta{
-			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: "three"},
-			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: -1},
-			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1.5},
-			{pgoncemcp.MetaStep: 3},
-			{pgoncemcp.MetaKey: 42},
-		} {
-			_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}, Meta: meta})
-			require.ErrorAs(t, err, &wire, "%v", meta)
-			require.Equal(t, int64(jsonrpc.CodeInvalidParams), wire.Code)
-		}
 		require.Equal(t, int64(0), s.refunds.Load())
 
 		passing := newServer(t, b.ledger, newClient(t, b.schema, outbox.Config{}),
@@ -108,6 +98,62 @@ func TestGuard(t *testing.T) {
 		res, err := connect(t, passing).CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}})
 		require.NoError(t, err)
 		require.Equal(t, "ran without pgonce", text(t, res))
+	})
+
+	t.Run("EveryBadMetaIsAnInvalidParamsErrorAndRunsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		s := newServer(t, b.ledger, b.client, pgoncemcp.ServerConfig{}, outbox.IdempotentByKey)
+		cs := connect(t, s)
+		tooLong := strings.Repeat("k", outbox.CallStringMaxBytes+1)
+		for _, tt := range []struct {
+			name  string
+			meta  mcp.Meta
+			field string
+		}{
+			{"StepNotANumber", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: "three"}, pgoncemcp.MetaStep},
+			{"NegativeStep", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: -1}, pgoncemcp.MetaStep},
+			{"FractionalStep", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1.5}, pgoncemcp.MetaStep},
+			{"StepPast2To53", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1 << 60}, pgoncemcp.MetaStep},
+			{"StepWithoutRun", mcp.Meta{pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"RunWithoutStep", mcp.Meta{pgoncemcp.MetaRunID: "run-1"}, pgoncemcp.MetaStep},
+			{"EmptyRun", mcp.Meta{pgoncemcp.MetaRunID: "", pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"RunOver512Bytes", mcp.Meta{pgoncemcp.MetaRunID: tooLong, pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"NULInRun", mcp.Meta{pgoncemcp.MetaRunID: "run\x001", pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"KeyNotAString", mcp.Meta{pgoncemcp.MetaKey: 42}, pgoncemcp.MetaKey},
+			{"EmptyKey", mcp.Meta{pgoncemcp.MetaKey: ""}, pgoncemcp.MetaKey},
+			{"KeyOver512Bytes", mcp.Meta{pgoncemcp.MetaKey: tooLong}, pgoncemcp.MetaKey},
+			{"NULInKey", mcp.Meta{pgoncemcp.MetaKey: "refund\x00order-8842"}, pgoncemcp.MetaKey},
+		} {
+			_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842, "amount": "42.00"}, Meta: tt.meta})
+			var wire *jsonrpc.Error
+			require.ErrorAs(t, err, &wire, tt.name)
+			require.Equal(t, int64(jsonrpc.CodeInvalidParams), wire.Code, tt.name)
+			require.Contains(t, wire.Message, tt.field, tt.name)
+		}
+		require.Equal(t, int64(0), s.refunds.Load())
+		require.Equal(t, 0, b.ledger.refunds(t))
+	})
+
+	t.Run("AKeyWinsOverARunAndStepWhichAreThenIgnored", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		s := newServer(t, b.ledger, b.client, pgoncemcp.ServerConfig{}, outbox.IdempotentByKey)
+		cs := connect(t, s)
+		for _, meta := range []mcp.Meta{
+			{pgoncemcp.MetaKey: "refund-order-8842", pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1},
+			{pgoncemcp.MetaKey: "refund-order-8842", pgoncemcp.MetaRunID: "run-2", pgoncemcp.MetaStep: 7},
+			{pgoncemcp.MetaKey: "refund-order-8842", pgoncemcp.MetaRunID: 42, pgoncemcp.MetaStep: "three"},
+		} {
+			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842, "amount": "42.00"}, Meta: meta})
+			require.NoError(t, err, "%v", meta)
+			require.False(t, res.IsError, text(t, res))
+		}
+		// Run-1's step 1 is free: the first call's action was the key's.
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8843, "amount": "7.50"}, Meta: pgoncemcp.StepMeta("run-1", 1)})
+		require.NoError(t, err)
+		require.False(t, res.IsError, text(t, res))
+		require.Equal(t, 2, b.ledger.refunds(t))
 	})
 
 	t.Run("AReadOnlyToolPassesThrough", func(t *testing.T) {
