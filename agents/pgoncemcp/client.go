@@ -55,8 +55,10 @@ type ClientConfig struct {
 // leaves the action to run again at the next call. A JSON-RPC error and a
 // transport error are returned as they are; the next call of the action
 // sends it again (after a transport error, only for an IdempotentByKey tool).
-// Calls of tools not registered are sent untouched. A Caller is safe for
-// concurrent use.
+// Calls of tools not registered are sent untouched. A result the caller
+// answers carries its own mark in its _meta ([MetaAction]): the key it
+// derived, and whether the result is a replay (stored on the agent's side,
+// or replayed by the server). A Caller is safe for concurrent use.
 type Caller[TTx any] struct {
 	client *outbox.Client[TTx]
 	config ClientConfig

@@ -33,7 +33,56 @@ const (
 	// (an action in progress, a conflict, invalid arguments, …), the
 	// observation it reports: the JSON object of [outbox.Observation].
 	MetaObservation = "io.github.pgonce/observation"
+	// MetaAction holds, in every result of a guarded call (the tool's own,
+	// fresh or replayed, and those pgonce made), how pgonce answered it: an
+	// [ActionMark], the object {"key": …, "replayed": …, "in_progress": …}.
+	// It is the one part of a replayed result that differs from the first
+	// answer: the content, structured content and the tool's own _meta are
+	// the stored bytes. [ActionMarkOf] reads it.
+	MetaAction = "io.github.pgonce/action"
 )
+
+// ActionMark is how pgonce answered a call: the value of [MetaAction] in a
+// result's _meta.
+type ActionMark struct {
+	// Key is the action's pgonce key, when the call named one pgonce could
+	// derive; empty for arguments that are not a JSON object. A [Guard]
+	// writes the server's key, a [Caller] the key it derived and sent.
+	Key outbox.Key `json:"key,omitempty"`
+	// Replayed reports a result that belongs to an earlier call of the
+	// action: stored, and handed back without running the tool again.
+	Replayed bool `json:"replayed"`
+	// InProgress reports that the action is running elsewhere: the result
+	// is pgonce's "in progress", and the call should be sent again later.
+	InProgress bool `json:"in_progress"`
+}
+
+// ActionMarkOf returns the mark pgonce put in res's _meta ([MetaAction]), and
+// whether it has one: a result of a call that no guard or caller answered has
+// none.
+func ActionMarkOf(res *mcp.CallToolResult) (ActionMark, bool) {
+	if res == nil {
+		return ActionMark{}, false
+	}
+	return markOf(res.Meta)
+}
+
+// markOf reads the mark in a _meta, decoded from JSON or set by pgonce.
+func markOf(meta map[string]any) (ActionMark, bool) {
+	v, ok := meta[MetaAction]
+	if !ok {
+		return ActionMark{}, false
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ActionMark{}, false
+	}
+	var mark ActionMark
+	if err := json.Unmarshal(b, &mark); err != nil {
+		return ActionMark{}, false
+	}
+	return mark, true
+}
 
 // maxSafeStep is the largest step a JSON number carries exactly.
 const maxSafeStep = 1<<53 - 1

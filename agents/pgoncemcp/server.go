@@ -64,7 +64,8 @@ type ServerConfig struct {
 //     handler runs under the action's request ([toolcall.RequestFromContext],
 //     whose key it can pass downstream); its result is stored as JSON and
 //     decoded the same way for this call and every later one, so each gets
-//     the same bytes. A result marked as an error is the tool's answer,
+//     the same bytes but for the mark pgonce adds to its _meta
+//     ([MetaAction]), which says whether it is replayed. A result marked as an error is the tool's answer,
 //     stored as the key's failure and replayed the same way, unless the
 //     handler's error (see [mcp.CallToolResult.GetError]) is wrapped with
 //     [outbox.Ambiguous] or [outbox.RetryAfter]. A JSON-RPC error, and a
