@@ -3,7 +3,7 @@ module github.com/pgonce/pgonce/agents/pgonceanthropic
 go 1.26.0
 
 require (
-	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
+	github.com/anthropics/anthropic-sdk-go/v2 v2.18.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pgonce/pgonce v0.0.0
 	github.com/stretchr/testify v1.12.1
