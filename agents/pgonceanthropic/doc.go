@@ -1,7 +1,7 @@
 // Package pgonceanthropic runs the tool calls of Claude models exactly once,
 // for runtimes built on the Anthropic Go SDK
 // (github.com/anthropics/anthropic-sdk-go/v2): a model that asks for
-// refund(order=8842, amount=42.00) gets one refund whatever the retries,
+// refund(order=8842, amount="42.00") gets one refund whatever the retries,
 // crashes and re-asks, and reads the same tool result on every ask.
 //
 // It is a module of its own, so that pgonce's core module never depends on an
@@ -47,12 +47,14 @@
 //		RunID:    runID,
 //		Messages: func() []anthropic.BetaMessageParam { return runner.Messages() },
 //	}, refundTool)
-//	runner = client.Beta.Messages.NewToolRunner(tools, params)
+//	runner = client.Beta.Messages.NewToolRunner(tools, params, pgonceanthropic.RunnerOptions(nil)...)
 //	msg, err := runner.RunToCompletion(ctx)
 //
 // Each call the runner makes is located in the runner's conversation: the
-// step of the tool_use block, found by its tool and canonical input in the
-// last assistant message. A success returns the tool's own result blocks,
+// step of its tool_use block in the last assistant message, whose id
+// [RunnerOptions] hands to the call, so that identical blocks of one message
+// each read their own position's outcome whatever order the runner's
+// concurrent calls arrive in. A success returns the tool's own result blocks,
 // stored and replayed verbatim; any other outcome is returned as an error
 // whose text is the observation's JSON, which the runner sends as an is_error
 // tool_result.

@@ -103,7 +103,7 @@ func ExampleExecutor_RunnerTools() {
 				Messages: []anthropic.BetaMessageParam{anthropic.NewBetaUserMessage(anthropic.NewBetaTextBlock("Refund order 8842, 42.00."))},
 			},
 			DisableThread: true,
-		})
+		}, pgonceanthropic.RunnerOptions(nil)...)
 		if _, err := runner.RunToCompletion(ctx); err != nil {
 			panic(err)
 		}

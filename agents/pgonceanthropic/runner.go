@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 
@@ -16,6 +15,14 @@ import (
 // ErrInvalidRunner is returned by [Executor.RunnerTools] for a
 // [RunnerConfig] without a run id or a Messages function.
 var ErrInvalidRunner = errors.New("invalid tool runner config")
+
+// ErrIdenticalCalls is the error a runner tool returns, without running
+// anything, for a call that has identical tool_use blocks beside it in its
+// message (the same tool, the same input, canonically) when the runner does
+// not tell the call's block: each block is an action of its own, and without
+// its id the call cannot know which of them it answers. Create the runner
+// with [RunnerOptions].
+var ErrIdenticalCalls = errors.New("pgonce: the tool call has identical tool_use blocks in its message and the runner does not say which one it answers, so it did not run: create the runner with pgonceanthropic.RunnerOptions")
 
 // ErrNotInConversation is the error a runner tool returns, without running
 // anything, for a call it cannot find in the last assistant message of the
@@ -88,14 +95,18 @@ func (e *OutcomeError) Error() string { return e.Outcome.Text() }
 // RunnerTools returns tools for an [anthropic.BetaToolRunner] that stand for
 // tools, with their names, descriptions and input schemas, and run each call
 // through pgonce, at most once per action: each tool must be registered in the
-// client's registry under its name, with [Provider].
+// client's registry under its name, with [Provider]. Create the runner with
+// [RunnerOptions] too.
 //
-// A call is located in the conversation config.Messages returns: among the
-// tool_use blocks of its last assistant message, the one of the call's tool
-// whose input is the call's input, canonically; its step is its position in
-// the run ([toolcall.Turn]). Several identical calls in one message take
-// their positions in turn. A call that cannot be located runs nothing and
-// returns [ErrNotInConversation].
+// A call is located in the conversation config.Messages returns, among the
+// tool_use blocks of its last assistant message: the block whose id the
+// runner gives ([RunnerOptions]), else the one block of the call's tool whose
+// input is the call's input, canonically; its step is its position in the
+// run ([toolcall.Turn]), whatever the order in which the runner's concurrent
+// calls arrive. A call that cannot be located runs nothing and returns
+// [ErrNotInConversation]; a call with identical blocks beside it, from a
+// runner without [RunnerOptions], runs nothing and returns
+// [ErrIdenticalCalls].
 //
 // A success returns the tool's result blocks as they were stored, the same on
 // every ask. Any other outcome (a failure, in progress, a conflict, invalid
@@ -108,7 +119,7 @@ func (e *Executor[TTx]) RunnerTools(config RunnerConfig, tools ...anthropic.Beta
 	if config.RunID == "" || config.Messages == nil {
 		return nil, fmt.Errorf("%w: RunID and Messages are required", ErrInvalidRunner)
 	}
-	run := &runnerRun{config: config, claims: map[string]int{}}
+	run := &runnerRun{config: config}
 	wrapped := make([]anthropic.BetaTool, len(tools))
 	for i, tool := range tools {
 		wrapped[i] = &runnerTool[TTx]{BetaTool: tool, exec: e, run: run}
@@ -126,7 +137,8 @@ type runnerTool[TTx any] struct {
 // Execute locates the call in the runner's conversation and runs it through
 // pgonce.
 func (t *runnerTool[TTx]) Execute(ctx context.Context, input json.RawMessage) ([]anthropic.BetaToolResultBlockParamContentUnion, error) {
-	call, err := t.run.locate(t.Name(), input)
+	id, _ := ctx.Value(toolUseIDKey{}).(string)
+	call, err := t.run.locate(t.Name(), input, id)
 	if err != nil {
 		return nil, err
 	}
@@ -143,21 +155,15 @@ func (t *runnerTool[TTx]) Execute(ctx context.Context, input json.RawMessage) ([
 	return blocks, nil
 }
 
-// runnerRun is what the tools of one runner share: where their calls stand,
-// and which positions identical calls of a message have taken.
+// runnerRun is what the tools of one runner share: where their calls stand.
 type runnerRun struct {
 	config RunnerConfig
-	mu     sync.Mutex
-	// claims counts, per message and identical call, the calls located so
-	// far: the next takes the next position among the identical blocks,
-	// modulo their number, so that each execution of the message gives each
-	// block one call.
-	claims map[string]int
 }
 
 // locate returns the call of tool name with input, located in the last
-// assistant message of the runner's conversation.
-func (r *runnerRun) locate(name string, input json.RawMessage) (toolcall.Call, error) {
+// assistant message of the runner's conversation: the tool_use block id when
+// the runner gave it, else the one block of the tool with the same input.
+func (r *runnerRun) locate(name string, input json.RawMessage, id string) (toolcall.Call, error) {
 	args, err := toolcall.Arguments(string(input))
 	if err != nil {
 		// It will not run, wherever it stands: the executor reads it as
@@ -184,23 +190,22 @@ func (r *runnerRun) locate(name string, input json.RawMessage) (toolcall.Call, e
 		if use == nil {
 			continue
 		}
-		if use.Name == name {
+		if use.Name == name && (id == "" || use.ID == id) {
 			if canonical, err := outbox.Canonicalize(use.Input); err == nil && string(canonical) == string(args) {
 				positions, ids = append(positions, index), append(ids, use.ID)
 			}
 		}
 		index++
 	}
-	if len(positions) == 0 {
+	switch {
+	case len(positions) == 0:
 		return toolcall.Call{}, ErrNotInConversation
+	case len(positions) > 1:
+		// Two blocks of one id: a message no model writes, and one no call
+		// can tell apart either.
+		return toolcall.Call{}, ErrIdenticalCalls
 	}
-	group := fmt.Sprintf("%d\x00%s\x00%s", turn.FirstStep, name, args)
-	r.mu.Lock()
-	n := r.claims[group]
-	r.claims[group] = n + 1
-	r.mu.Unlock()
-	k := n % len(positions)
-	return turn.Call(positions[k], ids[k], name, string(args)), nil
+	return turn.Call(positions[0], ids[0], name, string(args)), nil
 }
 
 // betaToolUses counts the tool_use blocks of the assistant messages of

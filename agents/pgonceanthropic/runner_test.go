@@ -4,14 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/anthropics/anthropic-sdk-go/v2/toolrunner"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/pgonce/pgonce/agents/pgonceanthropic"
 	"github.com/pgonce/pgonce/outbox"
@@ -80,25 +85,97 @@ func runnerProcess(t *testing.T, b *bundle, tool anthropic.BetaTool, config outb
 // with the tools exec makes exactly-once.
 func runTurn(t *testing.T, ctx context.Context, ai anthropic.Client, exec *pgonceanthropic.Executor[pgx.Tx], tool anthropic.BetaTool) error {
 	t.Helper()
+	return runShuffledTurn(t, ctx, ai, exec, tool, false, pgonceanthropic.RunnerOptions(nil)...)
+}
+
+// runShuffledTurn is runTurn, with a random delay before each of the
+// runner's tool calls when shuffle is set, so that the calls of one message
+// reach pgonce in an order of their own each time, and the runner created
+// with opts.
+func runShuffledTurn(t *testing.T, ctx context.Context, ai anthropic.Client, exec *pgonceanthropic.Executor[pgx.Tx], tool anthropic.BetaTool, shuffle bool, opts ...option.RequestOption) error {
+	t.Helper()
 	var runner *anthropic.BetaToolRunner
 	tools, err := exec.RunnerTools(pgonceanthropic.RunnerConfig{
 		RunID:    "run-1",
 		Messages: func() []anthropic.BetaMessageParam { return runner.Messages() },
 	}, tool)
 	require.NoError(t, err)
+	if shuffle {
+		for i := range tools {
+			tools[i] = delayedTool{tools[i]}
+		}
+	}
 	runner = ai.Beta.Messages.NewToolRunner(tools, anthropic.BetaToolRunnerParams{
 		BetaMessageNewParams: anthropic.BetaMessageNewParams{
 			Model: "claude-test", MaxTokens: 1024,
 			Messages: []anthropic.BetaMessageParam{anthropic.NewBetaUserMessage(anthropic.NewBetaTextBlock("Refund order 8842, 42.00."))},
 		},
 		DisableThread: true,
-	})
+	}, opts...)
 	_, err = runner.RunToCompletion(ctx)
 	return err
 }
 
+// delayedTool runs its tool after a random delay of up to 5ms.
+type delayedTool struct{ anthropic.BetaTool }
+
+func (d delayedTool) Execute(ctx context.Context, input json.RawMessage) ([]anthropic.BetaToolResultBlockParamContentUnion, error) {
+	select {
+	case <-time.After(time.Duration(rand.Int64N(int64(5 * time.Millisecond)))):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return d.BetaTool.Execute(ctx, input)
+}
+
 func TestRunnerTools(t *testing.T) {
 	t.Parallel()
+
+	t.Run("IdenticalCallsTakeTheirPositionsInTheMessagesOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		model, ai := newFakeModel(t)
+		var executed executions
+		tool := newRefundTool(b.ledger, &executed, nil)
+		client := newClient(t, b.schema, pgonceanthropic.Provider(tool), outbox.Config{})
+		exec := newExecutor(t, client, toolcall.Config{Wait: -1})
+		const args = `{"order":8842,"amount":"42.00"}`
+		calls := []toolUse{
+			{"toolu_1", "refund", args},
+			{"toolu_2", "refund", args},
+			{"toolu_3", "refund", `{"order":8843,"amount":"7.50"}`},
+			{"toolu_4", "refund", args},
+			{"toolu_5", "refund", args},
+		}
+		// The first run, and the same conversation run again: the tools run
+		// concurrently, each after a delay of its own, yet every block reads
+		// the outcome of its own position, and that outcome names its id.
+		for run := range 6 {
+			// Spans to the registered provider, or to one of the runtime's.
+			var provider trace.TracerProvider
+			if run%2 == 1 {
+				provider = noop.NewTracerProvider()
+			}
+			model.reply(reply(calls...), reply())
+			require.NoError(t, runShuffledTurn(t, t.Context(), ai, exec, tool, true, pgonceanthropic.RunnerOptions(provider)...))
+			results := toolResults(t, model.request(2*run+1))
+			require.Len(t, results, len(calls))
+			for step, c := range calls {
+				key, err := outbox.DeriveKey(outbox.Call{RunID: "run-1", Step: int64(step), Tool: "refund", Args: json.RawMessage(c.input)})
+				require.NoError(t, err)
+				inspection, err := client.Inspect(t.Context(), key)
+				require.NoError(t, err)
+				require.Equal(t, c.id, inspection.Metadata[toolcall.MetadataToolCallID], "run %d, step %d", run, step)
+				require.False(t, results[c.id].isError, results[c.id].text)
+				var stored []struct{ Text string }
+				require.NoError(t, json.Unmarshal(inspection.Response, &stored))
+				require.Len(t, stored, 1)
+				require.Equal(t, stored[0].Text, results[c.id].text, "run %d: %s reads step %d", run, c.id, step)
+			}
+		}
+		require.Equal(t, 5, b.ledger.refunds(t))
+		require.Equal(t, 5, executed.actedOn())
+	})
 
 	t.Run("AnExistingRunnerBecomesExactlyOnce", func(t *testing.T) {
 		t.Parallel()
@@ -134,11 +211,33 @@ func TestRunnerTools(t *testing.T) {
 		), reply())
 		require.NoError(t, runTurn(t, t.Context(), ai, exec, tool))
 		again := toolResults(t, model.request(3))
-		require.ElementsMatch(t,
+		require.Equal(t,
 			[]string{first["toolu_1"].text, first["toolu_2"].text, first["toolu_3"].text},
 			[]string{again["toolu_4"].text, again["toolu_5"].text, again["toolu_6"].text})
 		require.Equal(t, 3, b.ledger.refunds(t))
 		require.Equal(t, 3, executed.actedOn(), "the tool acted once per action")
+	})
+
+	t.Run("IdenticalCallsWithoutTheRunnerOptionsRunNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		model, ai := newFakeModel(t)
+		var executed executions
+		tool := newRefundTool(b.ledger, &executed, nil)
+		exec := runnerProcess(t, b, tool, outbox.Config{})
+		model.reply(reply(
+			toolUse{"toolu_1", "refund", `{"order":8842,"amount":"42.00"}`},
+			toolUse{"toolu_2", "refund", `{"amount":"42.00","order":8842}`},
+			toolUse{"toolu_3", "refund", `{"order":8843,"amount":"7.50"}`},
+		), reply())
+		require.NoError(t, runShuffledTurn(t, t.Context(), ai, exec, tool, false))
+		results := toolResults(t, model.request(1))
+		for _, id := range []string{"toolu_1", "toolu_2"} {
+			require.True(t, results[id].isError)
+			require.Equal(t, "Error: "+pgonceanthropic.ErrIdenticalCalls.Error(), results[id].text)
+		}
+		require.False(t, results["toolu_3"].isError, "a call of its own is located by its input")
+		require.Equal(t, 1, b.ledger.refunds(t))
 	})
 
 	t.Run("CrashAfterTheToolActedThenRestart", func(t *testing.T) {

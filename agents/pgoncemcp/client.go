@@ -55,8 +55,10 @@ type ClientConfig struct {
 // leaves the action to run again at the next call. A JSON-RPC error and a
 // transport error are returned as they are; the next call of the action
 // sends it again (after a transport error, only for an IdempotentByKey tool).
-// Calls of tools not registered are sent untouched. A Caller is safe for
-// concurrent use.
+// Calls of tools not registered are sent untouched. A result the caller
+// answers carries its own mark in its _meta ([MetaAction]): the key it
+// derived, and whether the result is a replay (stored on the agent's side,
+// or replayed by the server). A Caller is safe for concurrent use.
 type Caller[TTx any] struct {
 	client *outbox.Client[TTx]
 	config ClientConfig
@@ -104,7 +106,7 @@ func (c *Caller[TTx]) Register(tool string, delivery outbox.Delivery) error {
 // registered tools and passes every other request on.
 //
 // A call of a registered tool that names no action returns [ErrNoAction],
-// and one whose arguments are not a JSON object with a canonical form returns
+// one that names it in a malformed way returns [ErrInvalidMeta], and one whose arguments are not a JSON object with a canonical form returns
 // a result marked as an error with the invalid_arguments observation; nothing
 // is sent.
 func (c *Caller[TTx]) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
@@ -127,7 +129,7 @@ func (c *Caller[TTx]) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return nil, fmt.Errorf("%w (tool %q)", ErrNoAction, call.Name)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("pgoncemcp: %w", err)
+			return nil, fmt.Errorf("%w: %w", ErrInvalidMeta, err)
 		}
 		args, err := arguments(call.Arguments)
 		if err != nil {

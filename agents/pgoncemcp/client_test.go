@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,8 +99,18 @@ func TestCaller(t *testing.T) {
 		again, err := cs.CallTool(t.Context(), pgoncemcp.CallParams(turn.Call(0, "call_2", "refund", `{"amount":"42.00","order":8842}`)))
 		require.NoError(t, err)
 		require.False(t, first.IsError, text(t, first))
-		require.Equal(t, mustJSON(t, first), mustJSON(t, again))
 		require.Equal(t, 1, b.ledger.refunds(t))
+		// The agent reads the same result, the caller's mark aside: its key,
+		// and whether the caller replayed it.
+		key := keyOf(t, "run-1", 3, `{"order":8842,"amount":"42.00"}`)
+		firstMark, ok := pgoncemcp.ActionMarkOf(first)
+		require.True(t, ok)
+		require.Equal(t, pgoncemcp.ActionMark{Key: key}, firstMark)
+		againMark, ok := pgoncemcp.ActionMarkOf(again)
+		require.True(t, ok)
+		require.Equal(t, pgoncemcp.ActionMark{Key: key, Replayed: true}, againMark)
+		first.Meta[pgoncemcp.MetaAction], again.Meta[pgoncemcp.MetaAction] = nil, nil
+		require.Equal(t, mustJSON(t, first), mustJSON(t, again))
 
 		// The server got one call, which named the action by the agent's key.
 		require.Len(t, metas(), 1)
@@ -174,6 +185,10 @@ func TestCaller(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, res.IsError, text(t, res))
 		require.Len(t, metas(), 2)
+		mark, ok := pgoncemcp.ActionMarkOf(res)
+		require.True(t, ok)
+		require.Equal(t, pgoncemcp.ActionMark{Key: keyOf(t, "run-1", 3, `{"order":8842,"amount":"42.00"}`), Replayed: true}, mark,
+			"the server replayed what it ran for the lost response")
 		require.Equal(t, 1, s.actedOn())
 		require.Equal(t, 1, b.ledger.refunds(t))
 	})
@@ -248,6 +263,15 @@ func TestCaller(t *testing.T) {
 		cs := connect(t, s, a.caller.Middleware)
 		_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}})
 		require.ErrorIs(t, err, pgoncemcp.ErrNoAction)
+		for _, meta := range []mcp.Meta{
+			{pgoncemcp.MetaKey: strings.Repeat("k", outbox.CallStringMaxBytes+1)},
+			{pgoncemcp.MetaKey: "refund\x00order-8842"},
+			{pgoncemcp.MetaRunID: "run\x001", pgoncemcp.MetaStep: 3},
+			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: -1},
+		} {
+			_, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}, Meta: meta})
+			require.ErrorIs(t, err, pgoncemcp.ErrInvalidMeta, "%v", meta)
+		}
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: json.RawMessage(`{"order": 8842, "order": 1}`), Meta: pgoncemcp.StepMeta("run-1", 3)})
 		require.NoError(t, err)
 		obs, ok := pgoncemcp.ObservationOf(res)

@@ -29,7 +29,8 @@
 //
 // A [Guard] is a receiving middleware that runs each guarded tool's call at
 // most once per action and replays the stored [mcp.CallToolResult] to every
-// later call, the same bytes:
+// later call, the same bytes but for pgonce's mark in its _meta ([MetaAction]:
+// the key, and whether the result is replayed or in progress):
 //
 //	guard, err := pgoncemcp.NewGuard(client, pgoncemcp.ServerConfig{})
 //	server := mcp.NewServer(&mcp.Implementation{Name: "payments", Version: "1.0.0"}, nil)

@@ -205,3 +205,31 @@ func text(t *testing.T, res *mcp.CallToolResult) string {
 func refundParams(args string) *mcp.CallToolParams {
 	return &mcp.CallToolParams{Name: "refund", Arguments: json.RawMessage(args), Meta: pgoncemcp.StepMeta("run-1", 3)}
 }
+
+// requireReplayOf requires replay, a result as the server wrote it, to be
+// first's replay: every member the same bytes, _meta included, but for
+// pgonce's mark, which says replayed where first's did not.
+func requireReplayOf(t *testing.T, first, replay string) {
+	t.Helper()
+	members := func(doc json.RawMessage) map[string]json.RawMessage {
+		var m map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(doc, &m))
+		return m
+	}
+	a, b := members(json.RawMessage(first)), members(json.RawMessage(replay))
+	require.Contains(t, a, "_meta")
+	require.Contains(t, b, "_meta")
+	metaA, metaB := members(a["_meta"]), members(b["_meta"])
+	delete(a, "_meta")
+	delete(b, "_meta")
+	require.Equal(t, a, b, "the same content, byte for byte")
+	var markA, markB pgoncemcp.ActionMark
+	require.NoError(t, json.Unmarshal(metaA[pgoncemcp.MetaAction], &markA))
+	require.NoError(t, json.Unmarshal(metaB[pgoncemcp.MetaAction], &markB))
+	require.Equal(t, pgoncemcp.ActionMark{Key: markA.Key, Replayed: false}, markA, "the first answer is not a replay")
+	require.Equal(t, pgoncemcp.ActionMark{Key: markA.Key, Replayed: true}, markB, "the second is")
+	require.Regexp(t, `^k1_[0-9a-f]{64}$`, string(markA.Key))
+	delete(metaA, pgoncemcp.MetaAction)
+	delete(metaB, pgoncemcp.MetaAction)
+	require.Equal(t, metaA, metaB, "the same _meta but the mark")
+}

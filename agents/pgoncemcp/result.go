@@ -16,22 +16,40 @@ import (
 // answer returns the result of a tools/call request whose action pgonce
 // answered with res and err: the stored result of the tool, decoded the same
 // way for the request that ran it and for every replay, so that each gets
-// the same bytes; or, for any other outcome, a result pgonce makes
-// ([observationResult]).
+// the same bytes but for the mark; or, for any other outcome, a result
+// pgonce makes ([observationResult]). Either carries the mark
+// ([MetaAction]).
 func answer(res outbox.Result, err error) *mcp.CallToolResult {
 	out := toolcall.Outcome{Result: res, Err: err}
 	obs := out.Observation()
+	mark := ActionMark{Key: obs.Key, Replayed: res.Replayed(), InProgress: obs.Status == outbox.ObservationInProgress}
+	var stored json.RawMessage
 	switch obs.Status {
 	case outbox.ObservationSucceeded:
-		if stored, err := decodeResult(res.Response); err == nil {
-			return stored
-		}
+		stored = res.Response
 	case outbox.ObservationFailed:
-		if stored, err := decodeResult(res.Failure); err == nil {
-			return stored
+		stored = res.Failure
+	}
+	if stored != nil {
+		if result, err := decodeResult(stored); err == nil {
+			// A result stored from a guarded server carries the server's
+			// mark: a result the server replayed is a replay here too.
+			if prior, ok := markOf(result.Meta); ok && prior.Replayed {
+				mark.Replayed = true
+			}
+			return withMark(result, mark)
 		}
 	}
-	return observationResult(obs)
+	return withMark(observationResult(obs), mark)
+}
+
+// withMark puts mark in res's _meta, in place of any mark it had.
+func withMark(res *mcp.CallToolResult, mark ActionMark) *mcp.CallToolResult {
+	if res.Meta == nil {
+		res.Meta = mcp.Meta{}
+	}
+	res.Meta[MetaAction] = mark
+	return res
 }
 
 // decodeResult decodes a stored CallToolResult. Its structured content and

@@ -64,7 +64,8 @@ type ServerConfig struct {
 //     handler runs under the action's request ([toolcall.RequestFromContext],
 //     whose key it can pass downstream); its result is stored as JSON and
 //     decoded the same way for this call and every later one, so each gets
-//     the same bytes. A result marked as an error is the tool's answer,
+//     the same bytes but for the mark pgonce adds to its _meta
+//     ([MetaAction]), which says whether it is replayed. A result marked as an error is the tool's answer,
 //     stored as the key's failure and replayed the same way, unless the
 //     handler's error (see [mcp.CallToolResult.GetError]) is wrapped with
 //     [outbox.Ambiguous] or [outbox.RetryAfter]. A JSON-RPC error, and a
@@ -79,6 +80,14 @@ type ServerConfig struct {
 //     runs.
 //   - names no action: refused with a JSON-RPC invalid-params error, or run
 //     as without a guard, as [ServerConfig.Anonymous] says.
+//   - names it in a malformed way (a key or run id that is not a non-empty
+//     string of at most [outbox.CallStringMaxBytes] bytes of UTF-8 without
+//     NUL, a step that is not an integer from 0 to 2^53-1, a run without a
+//     step): refused with a JSON-RPC invalid-params error that names the
+//     _meta name and the rule. Nothing runs.
+//
+// A call whose _meta has both a key and a run with a step is named by the
+// key; the run and the step are then ignored.
 //
 // Tools the guard does not know, and tools annotated read-only, pass through
 // untouched. A Guard is safe for concurrent use.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,9 +33,15 @@ func TestGuard(t *testing.T) {
 		again, err := cs.CallTool(t.Context(), refundParams(`{"amount":"42.00","order":8.842e3}`))
 		require.NoError(t, err)
 		results := s.wire.results(t, 2)
-		require.Equal(t, results[0], results[1], "the same bytes on the wire")
+		requireReplayOf(t, results[0], results[1])
 		require.JSONEq(t, `{"refund_id":"re_1","order":8842,"amount":"42.00"}`, string(mustJSON(t, again.StructuredContent)))
 		require.Equal(t, text(t, first), text(t, again))
+		mark, ok := pgoncemcp.ActionMarkOf(again)
+		require.True(t, ok)
+		require.True(t, mark.Replayed)
+		key, err := outbox.DeriveKey(outbox.Call{RunID: "run-1", Step: 3, Tool: "refund", Args: json.RawMessage(`{"order":8842,"amount":"42.00"}`)})
+		require.NoError(t, err)
+		require.Equal(t, key, mark.Key)
 		require.Equal(t, 1, s.actedOn())
 		require.Equal(t, 1, b.ledger.refunds(t))
 	})
@@ -68,12 +75,18 @@ func TestGuard(t *testing.T) {
 		obs, ok := pgoncemcp.ObservationOf(dup)
 		require.True(t, ok)
 		require.Equal(t, outbox.ObservationInProgress, obs.Status)
+		dupMark, ok := pgoncemcp.ActionMarkOf(dup)
+		require.True(t, ok)
+		require.Equal(t, pgoncemcp.ActionMark{Key: obs.Key, InProgress: true}, dupMark)
 		close(release)
 		first := <-done
 		require.NotNil(t, first)
 		require.False(t, first.IsError, text(t, first))
 		_, ok = pgoncemcp.ObservationOf(first)
 		require.False(t, ok, "the tool's own result")
+		firstMark, ok := pgoncemcp.ActionMarkOf(first)
+		require.True(t, ok)
+		require.Equal(t, pgoncemcp.ActionMark{Key: obs.Key}, firstMark)
 		require.Equal(t, 1, s.actedOn())
 	})
 
@@ -89,17 +102,6 @@ func TestGuard(t *testing.T) {
 		for _, name := range []string{pgoncemcp.MetaKey, pgoncemcp.MetaRunID, pgoncemcp.MetaStep, `"refund"`} {
 			require.Contains(t, wire.Message, name)
 		}
-		for _, meta := range []mcp.Meta{
-			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: "three"},
-			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: -1},
-			{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1.5},
-			{pgoncemcp.MetaStep: 3},
-			{pgoncemcp.MetaKey: 42},
-		} {
-			_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}, Meta: meta})
-			require.ErrorAs(t, err, &wire, "%v", meta)
-			require.Equal(t, int64(jsonrpc.CodeInvalidParams), wire.Code)
-		}
 		require.Equal(t, int64(0), s.refunds.Load())
 
 		passing := newServer(t, b.ledger, newClient(t, b.schema, outbox.Config{}),
@@ -108,6 +110,62 @@ func TestGuard(t *testing.T) {
 		res, err := connect(t, passing).CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842}})
 		require.NoError(t, err)
 		require.Equal(t, "ran without pgonce", text(t, res))
+	})
+
+	t.Run("EveryBadMetaIsAnInvalidParamsErrorAndRunsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		s := newServer(t, b.ledger, b.client, pgoncemcp.ServerConfig{}, outbox.IdempotentByKey)
+		cs := connect(t, s)
+		tooLong := strings.Repeat("k", outbox.CallStringMaxBytes+1)
+		for _, tt := range []struct {
+			name  string
+			meta  mcp.Meta
+			field string
+		}{
+			{"StepNotANumber", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: "three"}, pgoncemcp.MetaStep},
+			{"NegativeStep", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: -1}, pgoncemcp.MetaStep},
+			{"FractionalStep", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1.5}, pgoncemcp.MetaStep},
+			{"StepPast2To53", mcp.Meta{pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1 << 60}, pgoncemcp.MetaStep},
+			{"StepWithoutRun", mcp.Meta{pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"RunWithoutStep", mcp.Meta{pgoncemcp.MetaRunID: "run-1"}, pgoncemcp.MetaStep},
+			{"EmptyRun", mcp.Meta{pgoncemcp.MetaRunID: "", pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"RunOver512Bytes", mcp.Meta{pgoncemcp.MetaRunID: tooLong, pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"NULInRun", mcp.Meta{pgoncemcp.MetaRunID: "run\x001", pgoncemcp.MetaStep: 3}, pgoncemcp.MetaRunID},
+			{"KeyNotAString", mcp.Meta{pgoncemcp.MetaKey: 42}, pgoncemcp.MetaKey},
+			{"EmptyKey", mcp.Meta{pgoncemcp.MetaKey: ""}, pgoncemcp.MetaKey},
+			{"KeyOver512Bytes", mcp.Meta{pgoncemcp.MetaKey: tooLong}, pgoncemcp.MetaKey},
+			{"NULInKey", mcp.Meta{pgoncemcp.MetaKey: "refund\x00order-8842"}, pgoncemcp.MetaKey},
+		} {
+			_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842, "amount": "42.00"}, Meta: tt.meta})
+			var wire *jsonrpc.Error
+			require.ErrorAs(t, err, &wire, tt.name)
+			require.Equal(t, int64(jsonrpc.CodeInvalidParams), wire.Code, tt.name)
+			require.Contains(t, wire.Message, tt.field, tt.name)
+		}
+		require.Equal(t, int64(0), s.refunds.Load())
+		require.Equal(t, 0, b.ledger.refunds(t))
+	})
+
+	t.Run("AKeyWinsOverARunAndStepWhichAreThenIgnored", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		s := newServer(t, b.ledger, b.client, pgoncemcp.ServerConfig{}, outbox.IdempotentByKey)
+		cs := connect(t, s)
+		for _, meta := range []mcp.Meta{
+			{pgoncemcp.MetaKey: "refund-order-8842", pgoncemcp.MetaRunID: "run-1", pgoncemcp.MetaStep: 1},
+			{pgoncemcp.MetaKey: "refund-order-8842", pgoncemcp.MetaRunID: "run-2", pgoncemcp.MetaStep: 7},
+			{pgoncemcp.MetaKey: "refund-order-8842", pgoncemcp.MetaRunID: 42, pgoncemcp.MetaStep: "three"},
+		} {
+			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8842, "amount": "42.00"}, Meta: meta})
+			require.NoError(t, err, "%v", meta)
+			require.False(t, res.IsError, text(t, res))
+		}
+		// Run-1's step 1 is free: the first call's action was the key's.
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "refund", Arguments: map[string]any{"order": 8843, "amount": "7.50"}, Meta: pgoncemcp.StepMeta("run-1", 1)})
+		require.NoError(t, err)
+		require.False(t, res.IsError, text(t, res))
+		require.Equal(t, 2, b.ledger.refunds(t))
 	})
 
 	t.Run("AReadOnlyToolPassesThrough", func(t *testing.T) {
@@ -160,7 +218,7 @@ func TestGuard(t *testing.T) {
 			require.Equal(t, "order 8842 was never paid", text(t, res))
 		}
 		results := s.wire.results(t, 2)
-		require.Equal(t, results[0], results[1])
+		requireReplayOf(t, results[0], results[1])
 		require.Equal(t, 1, s.actedOn())
 		res, err := b.client.Get(t.Context(), keyOf(t, "run-1", 3, `{"order":8842,"amount":"42.00"}`))
 		require.NoError(t, err)

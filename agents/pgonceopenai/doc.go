@@ -1,6 +1,6 @@
 // Package pgonceopenai runs the tool calls of OpenAI models exactly once, for
 // runtimes built on the OpenAI Go SDK (github.com/openai/openai-go/v3): a
-// model that asks for refund(order=8842, amount=42.00) gets one refund
+// model that asks for refund(order=8842, amount="42.00") gets one refund
 // whatever the retries, crashes and re-asks, and reads the same tool result
 // on every ask.
 //

@@ -142,7 +142,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 				Messages: []anthropic.BetaMessageParam{anthropic.NewBetaUserMessage(anthropic.NewBetaTextBlock("Please refund the 42.00 I paid for order 8842."))},
 			},
 			DisableThread: true,
-		})
+		}, pgonceanthropic.RunnerOptions(nil)...) // each call knows its tool_use block
 		_, err = runner.RunToCompletion(ctx)
 		return err
 	}
