@@ -84,7 +84,7 @@ func TestReadmeQuickstartRuns(t *testing.T) {
 	// The store credit, the transactional tool's row, was written once.
 	db, err := sql.Open("pgx", databaseURL)
 	require.NoError(t, err)
-	defer db.Close()
+	defer func() { require.NoError(t, db.Close()) }()
 	var credits int
 	require.NoError(t, db.QueryRowContext(t.Context(), `SELECT count(*) FROM store_credit`).Scan(&credits))
 	require.Equal(t, 1, credits)
