@@ -260,7 +260,7 @@ func text(res *mcp.CallToolResult) string {
 // toolResultJSON is what a tool answered in a result: the result as the wire
 // carries it without the members the protocol adds to every result a server
 // sends (its resultType, and the server's name in _meta), which differ
-// between the upstream and the proxy.
+// between the upstream and the proxy, and without pgonce's mark.
 func toolResultJSON(t *testing.T, res *mcp.CallToolResult) string {
 	t.Helper()
 	var members map[string]any
@@ -268,6 +268,7 @@ func toolResultJSON(t *testing.T, res *mcp.CallToolResult) string {
 	delete(members, "resultType")
 	if meta, ok := members["_meta"].(map[string]any); ok {
 		delete(meta, "io.modelcontextprotocol/serverInfo")
+		delete(meta, pgoncemcp.MetaAction)
 		if len(meta) == 0 {
 			delete(members, "_meta")
 		}
@@ -275,4 +276,31 @@ func toolResultJSON(t *testing.T, res *mcp.CallToolResult) string {
 	b, err := json.Marshal(members)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// requireReplay checks that again is first replayed: the same result on the
+// wire but for pgonce's mark in _meta, which says that again is a replay of
+// the same action.
+func requireReplay(t *testing.T, first, again *mcp.CallToolResult) {
+	t.Helper()
+	unmarked := func(res *mcp.CallToolResult) string {
+		var members map[string]any
+		require.NoError(t, json.Unmarshal([]byte(resultJSON(t, res)), &members))
+		if meta, ok := members["_meta"].(map[string]any); ok {
+			delete(meta, pgoncemcp.MetaAction)
+			if len(meta) == 0 {
+				delete(members, "_meta")
+			}
+		}
+		b, err := json.Marshal(members)
+		require.NoError(t, err)
+		return string(b)
+	}
+	require.Equal(t, unmarked(first), unmarked(again), "the stored result, verbatim")
+	firstMark, ok := pgoncemcp.ActionMarkOf(first)
+	require.True(t, ok, "the first result carries pgonce's mark")
+	againMark, ok := pgoncemcp.ActionMarkOf(again)
+	require.True(t, ok, "the replay carries pgonce's mark")
+	require.True(t, againMark.Replayed, "the replay says so")
+	require.Equal(t, firstMark.Key, againMark.Key)
 }

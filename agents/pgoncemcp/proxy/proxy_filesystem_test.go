@@ -56,7 +56,7 @@ func TestProxyFilesystem(t *testing.T) {
 		require.False(t, first.IsError, text(first))
 		second, err := b.session.CallTool(t.Context(), call("edit_file", "run-1", 1, edit(path)))
 		require.NoError(t, err)
-		require.Equal(t, resultJSON(t, first), resultJSON(t, second))
+		requireReplay(t, first, second)
 		require.Equal(t, 1, applied(t, path), "the edit was applied once")
 
 		// A new step is a new action: it acts.

@@ -202,7 +202,7 @@ func TestProxyKilledMidCall(t *testing.T) {
 		require.False(t, res.IsError, text(res))
 		again, err := restarted.session.CallTool(t.Context(), params())
 		require.NoError(t, err)
-		require.Equal(t, resultJSON(t, res), resultJSON(t, again), "recorded, and replayed verbatim")
+		requireReplay(t, res, again) // recorded, and replayed verbatim
 
 		require.Equal(t, []string{string(b.key), string(b.key)}, sentKeys(t, b.memory.log, "create_entities"),
 			"sent again once, with the same key in _meta, for an upstream that honours it to deduplicate")
